@@ -1,0 +1,44 @@
+"""hpc_train: take a PyTorch training script to a Slurm cluster and keep it running there.
+
+The top level stays light (no torch, no submitit at import): login nodes are slow and shared.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+from hpc_train.backend import Backend, LaunchInfo, Raw, Word
+from hpc_train.errors import ConfigError, HpcTrainError, SchedulerError, UsageError
+from hpc_train.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from hpc_train.api import job, render, submit
+    from hpc_train.config.job import JobSpec
+    from hpc_train.config.loader import load_site
+    from hpc_train.handle import JobHandle
+
+_LAZY = {
+    "submit": "hpc_train.api",
+    "render": "hpc_train.api",
+    "job": "hpc_train.api",
+    "JobSpec": "hpc_train.config.job",
+    "load_site": "hpc_train.config.loader",
+    "JobHandle": "hpc_train.handle",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hpc_train' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = [
+    "Backend", "ConfigError", "HpcTrainError", "JobHandle", "JobSpec", "LaunchInfo", "Raw", "SchedulerError",
+    "UsageError", "Word", "__version__", "hookimpl", "job", "load_site", "render", "submit",
+]

@@ -1,0 +1,3 @@
+from hpc_train.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,33 @@
+"""``logs JOB [--rank N] [--follow]``: a rank's output (rank 0 by default)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = sub.add_parser("logs", help="print a job's output")
+    parser.add_argument("job_id")
+    parser.add_argument("--rank", type=int, default=0, help="whose output (default: rank 0)")
+    parser.add_argument("--stderr", action="store_true", help="the error stream instead of the output")
+    parser.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from hpc_train.handle import JobHandle
+
+    handle = JobHandle.from_id(args.job_id)
+    stream = "stderr" if args.stderr else "stdout"
+    if args.follow:
+        from hpc_train.follow import follow
+
+        follow(handle, rank=args.rank, stream=stream)
+        return 0
+    path = handle.log_path(args.rank, stream)
+    if not path.exists():
+        print(f"no {stream} yet for job {handle.job_id} rank {args.rank} ({path}); state: {handle.state}", file=sys.stderr)
+        return 1
+    sys.stdout.write(path.read_text(errors="replace"))
+    return 0

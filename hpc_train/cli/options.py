@@ -1,0 +1,91 @@
+"""Job options shared by ``render`` and ``submit``; they map one-to-one onto JobSpec fields."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from hpc_train.errors import UsageError
+
+
+def add_job_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("script", help="training script (its arguments go after --)")
+    parser.add_argument("script_args", nargs="*", help=argparse.SUPPRESS)
+    g = parser.add_argument_group("where and how")
+    g.add_argument("--site", help="site name or path to a site YAML file (default: detected, else 'local')")
+    g.add_argument("--backend", default="torchrun", help="distributed backend (default: torchrun)")
+    g.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE", help="backend option (repeatable)")
+    g.add_argument("--nccl-profile", help="NCCL/fabric profile from the site file")
+    g.add_argument("--env", "-e", action="append", default=[], metavar="NAME=VALUE", help="environment variable (repeatable)")
+    g.add_argument("--python", help="python on the compute nodes (default: this interpreter)")
+    g.add_argument("--container-image", help="run every task in this image (site's container runtime)")
+    g.add_argument("--workdir", help="working directory of the job (default: here)")
+    g.add_argument("--job-root", help="folder for job folders (default: the site's job_root)")
+    r = parser.add_argument_group("resources")
+    r.add_argument("--nodes", "-N", type=int, default=1, help="nodes (default: 1)")
+    r.add_argument("--procs-per-node", type=int, help="processes per node (default: GPUs per node, 1 on CPU)")
+    r.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the partition's)")
+    r.add_argument("--cpus-per-task", type=int)
+    r.add_argument("--mem", help="memory per node, as sbatch takes it (500G)")
+    r.add_argument("--partition", "-p")
+    r.add_argument("--time", "-t", help="time limit: 12:00:00, 2-00:00:00, minutes")
+    r.add_argument("--job-name", "-J")
+    r.add_argument("--account", "-A")
+    r.add_argument("--qos", "-q")
+    r.add_argument("--reservation")
+    r.add_argument("--constraint", "-C")
+    r.add_argument("--sbatch", action="append", default=[], metavar="OPTION=VALUE",
+                   help="any other sbatch option, e.g. --sbatch mail-type=END (repeatable)")
+
+
+def _pairs(values: list[str], flag: str, typed: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"{flag} {item!r}: expected KEY=VALUE")
+        if typed:
+            import yaml
+
+            try:
+                out[key] = yaml.safe_load(value) if value else value
+            except yaml.YAMLError:
+                out[key] = value
+        else:
+            out[key] = value
+    return out
+
+
+def job_options(args: argparse.Namespace) -> dict[str, Any]:
+    """JobSpec keyword arguments from parsed options (None means: not given, use defaults)."""
+    sbatch: dict[str, Any] = {}
+    for item in args.sbatch:
+        key, sep, value = item.partition("=")
+        sbatch[key.lstrip("-")] = value if sep else True
+    options: dict[str, Any] = {
+        "site": args.site,
+        "backend": args.backend,
+        "script": args.script,
+        "script_args": list(args.script_args) + list(args.after_dashdash),
+        "nodes": args.nodes,
+        "procs_per_node": args.procs_per_node,
+        "gpus_per_node": args.gpus_per_node,
+        "cpus_per_task": args.cpus_per_task,
+        "mem": args.mem,
+        "partition": args.partition,
+        "time": args.time,
+        "job_name": args.job_name,
+        "account": args.account,
+        "qos": args.qos,
+        "reservation": args.reservation,
+        "constraint": args.constraint,
+        "env": _pairs(args.env, "--env"),
+        "nccl_profile": args.nccl_profile,
+        "backend_options": _pairs(args.option, "--option", typed=True),
+        "sbatch": sbatch,
+        "job_root": args.job_root,
+        "python": args.python,
+        "container_image": args.container_image,
+        "workdir": args.workdir,
+    }
+    return {k: v for k, v in options.items() if v is not None}

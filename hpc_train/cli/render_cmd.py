@@ -1,0 +1,23 @@
+"""``render``: print the exact sbatch script; submit nothing."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hpc_train.cli.options import add_job_options, job_options
+
+
+def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = sub.add_parser("render", help="print the sbatch script a submit would send",
+                            description="Print the exact sbatch script; nothing is submitted.")
+    add_job_options(parser)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from hpc_train.api import make_job, plan_job, render_plan
+
+    plan = plan_job(make_job(**job_options(args)))
+    sys.stdout.write(render_plan(plan))
+    return 0

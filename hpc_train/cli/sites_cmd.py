@@ -1,0 +1,34 @@
+"""``sites``: every site on the search path, where it comes from, what it is."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    return sub.add_parser("sites", help="list the sites on the search path")
+
+
+def run(args: argparse.Namespace) -> int:
+    from hpc_train.api import site_registry
+    from hpc_train.config.loader import display_path
+    from hpc_train.errors import HpcTrainError
+    from hpc_train.plugins import default_plugins
+
+    registry = site_registry(default_plugins())
+    rows = []
+    for name, source in sorted(registry.sources.items()):
+        try:
+            resolved = registry.load(name)
+            about = resolved.config.description or ""
+            kind = resolved.config.scheduler
+        except HpcTrainError as exc:
+            about, kind = f"INVALID: {exc.message.splitlines()[0]}", "?"
+        rows.append((name, kind, source.origin, about, display_path(source.path)))
+    width = max((len(r[0]) for r in rows), default=4)
+    for name, kind, origin, about, path in rows:
+        print(f"{name:<{width}}  {kind:<5}  {about}")
+        print(f"{'':<{width}}  {'':<5}  {path} ({origin})")
+    for shadowed, winner in registry.shadowed:
+        print(f"note: {display_path(shadowed.path)} is hidden by {display_path(winner.path)}")
+    return 0

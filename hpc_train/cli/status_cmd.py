@@ -1,0 +1,44 @@
+"""``status JOB``: the scheduler's state, where it runs, where its logs are."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = sub.add_parser("status", help="state of a submitted job")
+    parser.add_argument("job_id")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from hpc_train.handle import JobHandle
+
+    handle = JobHandle.from_id(args.job_id)
+    record = handle.record
+    info = handle.accounting() if record.scheduler == "slurm" else {}
+    state = handle.state
+    data = {
+        "job_id": handle.job_id,
+        "state": state,
+        "site": record.site,
+        "backend": record.backend,
+        "kind": record.kind,
+        "nodes": record.nodes,
+        "procs_per_node": record.procs_per_node,
+        "node_list": info.get("NodeList", ""),
+        "elapsed": info.get("Elapsed", ""),
+        "exit_code": info.get("ExitCode", ""),
+        "folder": str(handle.folder),
+        "log": str(handle.log_path(0)),
+    }
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print(f"job {handle.job_id}: {state}")
+    for key in ("site", "backend", "kind", "nodes", "procs_per_node", "node_list", "elapsed", "exit_code", "folder", "log"):
+        if data[key] not in ("", None):
+            print(f"  {key.replace('_', ' ')}: {data[key]}")
+    return 0

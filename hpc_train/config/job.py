@@ -1,0 +1,74 @@
+"""What the user asked for: the same fields from the CLI, the Python API and (later) job files."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from hpc_train.config.models import EnvValue, Model, SbatchValue, _check_env_names
+from hpc_train.config.slurm_time import parse_slurm_time
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# sbatch options hpc_train sets itself; passing them through --sbatch would contradict the plan.
+RESERVED_SBATCH = {"nodes", "ntasks-per-node", "ntasks", "output", "error", "job-name", "time", "partition", "gres"}
+SBATCH_KEY = re.compile(r"^[a-z][a-z0-9-]*$")
+
+
+class JobSpec(Model):
+    """One training job. ``None`` means "the site's (or backend's) default"."""
+
+    site: str | None = Field(None, description="site name or path to a site YAML file")
+    backend: str = Field("torchrun", description="distributed backend plugin")
+    script: str | None = Field(None, description="training script (script jobs)")
+    script_args: list[str] = Field(default_factory=list, description="arguments after --")
+    nodes: int = Field(1, ge=1)
+    procs_per_node: int | None = Field(None, ge=1, description="processes per node (default: GPUs per node, 1 on CPU)")
+    gpus_per_node: int | None = Field(None, ge=0)
+    cpus_per_task: int | None = Field(None, ge=1)
+    mem: str | None = Field(None, description="memory per node, as sbatch --mem takes it")
+    partition: str | None = None
+    time: str | int | None = Field(None, description="time limit, Slurm format (12:00:00, 2-00:00:00)")
+    job_name: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    reservation: str | None = None
+    constraint: str | None = None
+    env: dict[str, EnvValue] = Field(default_factory=dict)
+    nccl_profile: str | None = None
+    backend_options: dict[str, Any] = Field(default_factory=dict)
+    sbatch: dict[str, SbatchValue] = Field(default_factory=dict, description="extra #SBATCH options")
+    job_root: str | None = Field(None, description="folder for job folders; default: the site's job_root")
+    python: str | None = Field(None, description="python on the compute nodes")
+    container_image: str | None = None
+    workdir: str | None = Field(None, description="working directory of the job; default: where you submit from")
+
+    _env_names = field_validator("env")(_check_env_names)
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, value: str | int | None) -> str | int | None:
+        if value is not None:
+            parse_slurm_time(value)
+        return value
+
+    @field_validator("job_name", "account", "qos", "reservation", "constraint", "partition", "mem")
+    @classmethod
+    def _single_line(cls, value: str | None) -> str | None:
+        # These become #SBATCH values: a newline would start a directive of the user's choosing.
+        if value is not None and _CONTROL.search(value):
+            raise ValueError("must not contain newlines or other control characters")
+        return value
+
+    @field_validator("sbatch")
+    @classmethod
+    def _sbatch_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key, item in value.items():
+            if not SBATCH_KEY.match(key):
+                raise ValueError(f"{key!r} is not an sbatch long option name (like 'mail-type')")
+            if key in RESERVED_SBATCH:
+                raise ValueError(f"--{key} is set by hpc_train; use the job option for it instead")
+            if isinstance(item, str) and _CONTROL.search(item):
+                raise ValueError(f"value of {key!r} must not contain newlines or other control characters")
+        return value

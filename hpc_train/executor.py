@@ -1,0 +1,145 @@
+"""Hand a plan to submitit: our rendered script becomes the submission file, submitit does the rest.
+
+Two kinds of jobs share this path. Function jobs (``submit(fn, *args)``) are pickled by submitit and
+run by its ``_submit`` entry point under srun. Script jobs (the CLI) run the backend's launch line.
+The ``local`` site uses submitit's local executor: the same plan, on this machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import submitit
+from submitit.core.utils import FailedJobError, FailedSubmissionError
+
+from hpc_train.errors import SchedulerError
+from hpc_train.handle import JobHandle, JobRecord
+from hpc_train.plan import JobPlan
+
+DEFAULT_LOCAL_TIMEOUT_MIN = 7 * 24 * 60
+
+
+class TemplateSlurmExecutor(submitit.SlurmExecutor):
+    """submitit's Slurm executor whose submission file is hpc_train's rendered template."""
+
+    def __init__(self, folder: str, render: Callable[[str], str], python: str) -> None:
+        super().__init__(folder, python=python)
+        self._render = render
+
+    def _make_submission_file_text(self, command: str, uid: str) -> str:
+        return self._render(command)
+
+
+class LocalScript:
+    """Runs a rendered script with bash inside a submitit local job (picklable)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __call__(self) -> int:
+        env = submitit.JobEnvironment()
+        folder = Path(env.paths.folder)
+        script = folder / f"{env.job_id}_submission.sh"
+        script.write_text(self.text)
+        sys.stdout.flush()
+        environ = {**os.environ, "HPC_TRAIN_JOB_FOLDER": str(folder)}
+        # inherit stdout/stderr: submitit already sends them to the job's log files
+        code = subprocess.call(["bash", str(script)], env=environ)
+        if code != 0:
+            raise RuntimeError(f"training script exited with status {code}")
+        return code
+
+
+class FunctionTask:
+    """Sets the plan's environment, then calls the user's function (local function jobs)."""
+
+    def __init__(self, fn: Callable[..., Any], env: dict[str, str]) -> None:
+        self.fn = fn
+        self.env = env
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        os.environ.update(self.env)
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(29500 + os.getppid() % 2000))
+        return self.fn(*args, **kwargs)
+
+
+def _login_env(plan: JobPlan) -> None:
+    # submitit calls sbatch/sacct/scancel with this process's environment
+    if plan.site.slurm_conf:
+        os.environ["SLURM_CONF"] = os.path.expanduser(plan.site.slurm_conf)
+
+
+def submit_plan(
+    plan: JobPlan,
+    render: Callable[[JobPlan], str],
+    fn: Callable[..., Any] | None = None,
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
+) -> JobHandle:
+    kwargs = kwargs or {}
+    if plan.scheduler == "local":
+        job = _submit_local(plan, render, fn, args, kwargs)
+    else:
+        job = _submit_slurm(plan, render, fn, args, kwargs)
+    record = JobRecord(
+        job_id=str(job.job_id),
+        folder=str(job.paths.folder),
+        scheduler=plan.scheduler,
+        kind=plan.kind,
+        site=plan.site.name,
+        backend=plan.backend_name,
+        nodes=plan.nodes,
+        procs_per_node=plan.procs_per_node,
+        tasks_per_node=plan.tasks_per_node,
+        job_name=plan.job_name,
+        slurm_conf=os.environ.get("SLURM_CONF") if plan.scheduler == "slurm" else None,
+        submitted_at=time.time(),
+    )
+    record.save()
+    return JobHandle(record, job)
+
+
+def _submit_slurm(plan: JobPlan, render: Callable[[JobPlan], str], fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    _login_env(plan)
+    for tool in ("sbatch", "srun", "sacct"):
+        if shutil.which(tool) is None:
+            raise SchedulerError(tool, f"{tool} not found on PATH", "run this on a login node of the cluster, or load its Slurm module")
+
+    def render_with(command: str) -> str:
+        plan.function_command = command if plan.kind == "function" else None
+        return render(plan)
+
+    executor = TemplateSlurmExecutor(plan.folder, render_with, python=plan.python)
+    params: dict[str, Any] = {"nodes": plan.nodes, "ntasks_per_node": plan.tasks_per_node}
+    if plan.time_seconds:
+        params["time"] = max(1, plan.time_seconds // 60)
+    executor.update_parameters(**params)
+    try:
+        if plan.kind == "function":
+            return executor.submit(fn, *args, **kwargs)
+        return executor._submit_command("")  # the command is the backend's launch line, in the template
+    except FailedJobError as exc:
+        raise SchedulerError(["sbatch", "<script>"], str(exc), "is slurmctld up? `scontrol ping` tells") from None
+    except FailedSubmissionError as exc:
+        raise SchedulerError(["sbatch", "<script>"], str(exc)) from None
+    except FileNotFoundError as exc:
+        raise SchedulerError("sbatch", str(exc)) from None
+
+
+def _submit_local(plan: JobPlan, render: Callable[[JobPlan], str], fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    executor = submitit.LocalExecutor(plan.folder, python=plan.python)
+    timeout_min = plan.time_seconds // 60 if plan.time_seconds else DEFAULT_LOCAL_TIMEOUT_MIN
+    if plan.kind == "function":
+        executor.update_parameters(timeout_min=timeout_min, tasks_per_node=plan.procs_per_node)
+        env = {var.name: str(var.value) for var in plan.env}
+        return executor.submit(FunctionTask(fn, env), *args, **kwargs)
+    executor.update_parameters(timeout_min=timeout_min, tasks_per_node=1)
+    return executor.submit(LocalScript(render(plan)))

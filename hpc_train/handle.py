@@ -1,0 +1,268 @@
+"""A submitted job, from the submitting process or from a later one (``status``, ``logs``, ``cancel``).
+
+submitit owns the lifecycle (ids, sacct state, log paths, results, cancel); the handle adds what
+hpc_train knows on top: which rank's log is which, the job's exit status, and a record on disk so a
+later process can find the job by id alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from hpc_train.errors import SchedulerError, UsageError
+
+FINAL_OK = {"COMPLETED"}
+PENDING_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED"}
+ACTIVE_STATES = PENDING_STATES | {"RUNNING", "COMPLETING", "STAGE_OUT", "UNKNOWN", "PREEMPTED", "READY", "SIGNALING"}
+
+
+def state_dir() -> Path:
+    base = os.environ.get("HPC_TRAIN_STATE_DIR")
+    if base:
+        return Path(base)
+    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "hpc_train"
+
+
+@dataclass
+class JobRecord:
+    """What a later process needs to find and read a job; saved as JSON in two places."""
+
+    job_id: str
+    folder: str
+    scheduler: str
+    kind: str
+    site: str
+    backend: str
+    nodes: int
+    procs_per_node: int
+    tasks_per_node: int
+    job_name: str
+    slurm_conf: str | None = None
+    submitted_at: float = 0.0
+
+    @property
+    def num_tasks(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+    def save(self) -> None:
+        text = json.dumps(asdict(self), indent=2, sort_keys=True)
+        Path(self.folder).mkdir(parents=True, exist_ok=True)
+        _write_atomic(Path(self.folder) / "hpc_train.json", text)
+        index = state_dir() / "jobs"
+        index.mkdir(parents=True, exist_ok=True)
+        _write_atomic(index / f"{self.job_id}.json", text)
+
+    @classmethod
+    def load(cls, job_id: str) -> JobRecord:
+        path = state_dir() / "jobs" / f"{job_id}.json"
+        if not job_id.replace("_", "").isdigit() or not path.is_file():
+            raise UsageError(
+                f"no job {job_id!r} submitted through hpc_train on this machine",
+                hint=f"job records live in {path.parent}; use squeue/sacct for jobs submitted otherwise",
+            )
+        data = json.loads(path.read_text())
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class JobHandle:
+    """State, logs, waiting, cancelling and (for function jobs) the result of one job."""
+
+    def __init__(self, record: JobRecord, job: Any = None) -> None:
+        self.record = record
+        self._job = job  # a submitit Job when we submitted it in this process
+
+    # -- identity ----------------------------------------------------------------------
+    @property
+    def job_id(self) -> str:
+        return self.record.job_id
+
+    @property
+    def folder(self) -> Path:
+        return Path(self.record.folder)
+
+    def __repr__(self) -> str:
+        return f"JobHandle({self.job_id!r}, site={self.record.site!r}, backend={self.record.backend!r})"
+
+    @classmethod
+    def from_id(cls, job_id: str) -> JobHandle:
+        return cls(JobRecord.load(str(job_id)))
+
+    @property
+    def submitit_job(self) -> Any:
+        if self._job is None:
+            self._ensure_scheduler_env()
+            if self.record.scheduler == "local":
+                from submitit.local.local import LocalJob
+
+                self._job = LocalJob(self.record.folder, self.job_id, tasks=list(range(self.record.num_tasks)))
+            else:
+                from submitit.slurm.slurm import SlurmJob
+
+                self._job = SlurmJob(self.record.folder, self.job_id, tasks=list(range(self.record.num_tasks)))
+        return self._job
+
+    def _ensure_scheduler_env(self) -> None:
+        if self.record.slurm_conf:
+            os.environ["SLURM_CONF"] = self.record.slurm_conf
+
+    # -- state -------------------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        """Slurm's state name (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, ...)."""
+        if self.record.scheduler == "local":
+            return self._local_state()
+        state = self.submitit_job.watcher.get_state(self.job_id, mode="force")
+        # "CANCELLED by 0" -> "CANCELLED"
+        state = state.split()[0] if state else "UNKNOWN"
+        if state == "UNKNOWN":
+            state = self._squeue_state() or state
+        return state
+
+    def _squeue_state(self) -> str | None:
+        try:
+            out = subprocess.run(["squeue", "-h", "-j", self.job_id, "-o", "%T"], capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if out.returncode != 0:
+            return None
+        return out.stdout.strip().split("\n")[0] or None
+
+    def _local_state(self) -> str:
+        job = self.submitit_job
+        process = getattr(job, "_process", None)
+        running = process.poll() is None if process is not None else _pid_alive(int(self.job_id))
+        result = Path(self.record.folder) / f"{self.job_id}_0_result.pkl"
+        if result.exists():
+            from submitit.core.utils import pickle_load
+
+            try:
+                outcome, _ = pickle_load(result)
+            except Exception:
+                return "FAILED"
+            return "COMPLETED" if outcome == "success" else "FAILED"
+        if running:
+            return "RUNNING"
+        if process is not None and process.returncode is not None and process.returncode < 0:
+            return "CANCELLED"
+        return "FAILED"
+
+    def done(self) -> bool:
+        return self.state not in ACTIVE_STATES
+
+    def wait(self, poll_s: float = 1.0, timeout_s: float | None = None) -> str:
+        """Block until the job ends; return its final state."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            state = self.state
+            if state not in ACTIVE_STATES:
+                return state
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {self.job_id} still {state} after {timeout_s} s")
+            time.sleep(poll_s)
+
+    def accounting(self) -> dict[str, str]:
+        """sacct's view of the job allocation (State, ExitCode, Elapsed, NodeList, Start, End)."""
+        if self.record.scheduler == "local":
+            return {"State": self.state}
+        self._ensure_scheduler_env()
+        cmd = ["sacct", "-j", self.job_id, "-X", "-n", "-P", "-o", "JobID,State,ExitCode,Elapsed,NodeList,Start,End"]
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        except FileNotFoundError:
+            raise SchedulerError(cmd, "sacct not found on PATH", "install the Slurm client tools") from None
+        except subprocess.TimeoutExpired:
+            raise SchedulerError(cmd, "timed out after 30 s", "is slurmdbd reachable?") from None
+        if out.returncode != 0:
+            raise SchedulerError(cmd, out.stderr)
+        names = ["JobID", "State", "ExitCode", "Elapsed", "NodeList", "Start", "End"]
+        for line in out.stdout.splitlines():
+            fields = dict(zip(names, line.split("|")))
+            if fields.get("JobID") == self.job_id:
+                fields["State"] = fields.get("State", "").split()[0]
+                return fields
+        return {}
+
+    def exit_code(self) -> int:
+        """0 when the job completed, else the job's exit code (1 when the scheduler gives none)."""
+        state = self.state
+        if state in FINAL_OK:
+            return 0
+        if self.record.scheduler == "slurm":
+            code = self.accounting().get("ExitCode", "")
+            rc = code.split(":")[0]
+            if rc.isdigit() and int(rc) != 0:
+                return int(rc)
+        return 1
+
+    # -- logs --------------------------------------------------------------------------
+    def task_of_rank(self, rank: int) -> int:
+        world = self.record.nodes * self.record.procs_per_node
+        if not 0 <= rank < world:
+            raise UsageError(f"rank {rank} is out of range: job {self.job_id} has ranks 0..{world - 1}")
+        per_task = max(1, self.record.procs_per_node // max(1, self.record.tasks_per_node))
+        return rank // per_task
+
+    def log_path(self, rank: int = 0, stream: str = "stdout") -> Path:
+        suffix = "out" if stream == "stdout" else "err"
+        task = self.task_of_rank(rank)
+        return Path(self.record.folder) / f"{self.job_id}_{task}_log.{suffix}"
+
+    def stdout(self, rank: int = 0) -> str | None:
+        path = self.log_path(rank, "stdout")
+        return path.read_text(errors="replace") if path.exists() else None
+
+    def stderr(self, rank: int = 0) -> str | None:
+        path = self.log_path(rank, "stderr")
+        return path.read_text(errors="replace") if path.exists() else None
+
+    # -- control -----------------------------------------------------------------------
+    def cancel(self) -> None:
+        if self.record.scheduler == "local":
+            job = self.submitit_job
+            if getattr(job, "_process", None) is not None:
+                job.cancel()
+            elif _pid_alive(int(self.job_id)):
+                os.kill(int(self.job_id), signal.SIGINT)
+            return
+        self._ensure_scheduler_env()
+        cmd = ["scancel", self.job_id]
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        except FileNotFoundError:
+            raise SchedulerError(cmd, "scancel not found on PATH") from None
+        if out.returncode != 0:
+            raise SchedulerError(cmd, out.stderr)
+
+    def result(self) -> Any:
+        """The function's return value (function jobs); raises if the job failed."""
+        if self.record.kind != "function":
+            raise UsageError(f"job {self.job_id} runs a script; it has logs and an exit status, not a result")
+        return self.submitit_job.result()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child of ours still answers kill(0); look at its state
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True

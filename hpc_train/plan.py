@@ -1,0 +1,255 @@
+"""JobSpec + site + backend → JobPlan: every decision about the job, made once, without I/O.
+
+The renderer only formats a plan; the executor only submits one. Everything a user could get
+wrong is checked here and reported together.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ValidationError
+
+from hpc_train.backend import Backend, LaunchInfo, Raw, Word
+from hpc_train.config.errors import problems_from_validation
+from hpc_train.config.job import JobSpec
+from hpc_train.config.loader import ResolvedSite, display_path
+from hpc_train.config.models import Partition, SiteConfig
+from hpc_train.config.slurm_time import format_slurm_time, parse_slurm_time
+from hpc_train.errors import ConfigError, Problem, did_you_mean
+
+if TYPE_CHECKING:
+    from hpc_train.plugins import Plugins
+
+JOB = "<job>"  # the source name for problems in what the user passed
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    value: str | Raw
+    source: str  # "site", "partition a100", "nccl profile ib-hdr", "backend torchrun", "plugin x", "job", "hpc_train"
+
+
+@dataclass
+class JobPlan:
+    job: JobSpec
+    site: SiteConfig
+    site_path: Path
+    backend: Backend
+    kind: Literal["script", "function"]
+    scheduler: Literal["slurm", "local"]
+    partition: str | None
+    nodes: int
+    procs_per_node: int
+    tasks_per_node: int
+    gpus_per_node: int
+    time_seconds: int | None
+    job_name: str
+    job_root: str
+    python: str
+    workdir: str
+    directives: list[tuple[str, Any]]
+    env: list[EnvVar]
+    nccl_profile: str | None
+    launch: list[Word]
+    function_command: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def backend_name(self) -> str:
+        return self.backend.name
+
+    @property
+    def folder(self) -> str:
+        """The job folder, with Slurm's %j for the job id (submitit fills it in)."""
+        return os.path.join(self.job_root, "%j")
+
+    @property
+    def stdout_pattern(self) -> str:
+        return os.path.join(self.folder, "%j_%t_log.out")
+
+    @property
+    def stderr_pattern(self) -> str:
+        return os.path.join(self.folder, "%j_%t_log.err")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+
+def _expand(path: str, workdir: str) -> str:
+    expanded = os.path.expanduser(os.path.expandvars(path))
+    return os.path.normpath(os.path.join(workdir, expanded))
+
+
+def build_plan(
+    job: JobSpec,
+    resolved: ResolvedSite,
+    plugins: Plugins,
+    *,
+    kind: Literal["script", "function"] = "script",
+    function_name: str | None = None,
+) -> JobPlan:
+    site = resolved.config
+    problems: list[Problem] = []
+    site_file = display_path(resolved.path)
+
+    def problem(key: str, message: str, hint: str | None = None, source: str = JOB) -> None:
+        problems.append(Problem(source, key, message, None, hint))
+
+    # --- backend and its options (site defaults < job options) -------------------------
+    backend_cls = plugins.backend(job.backend)
+    for name in site.backends:
+        if name not in plugins.backends:
+            problem(f"backends.{name}", "no such backend", did_you_mean(name, plugins.backends, "backend"), site_file)
+    raw_options = {**site.backends.get(job.backend, {}), **job.backend_options}
+    options: BaseModel | None = None
+    try:
+        options = backend_cls.Options.model_validate(raw_options)
+    except ValidationError as exc:
+        problems.extend(problems_from_validation(exc, backend_cls.Options, f"backend {job.backend!r} options", prefix=()))
+    backend = backend_cls(options if options is not None else backend_cls.Options.model_construct())
+
+    # --- partition and resources -------------------------------------------------------
+    part_name, part = site.partition(job.partition)
+    if job.partition and site.partitions and part is None:
+        problem("partition", f"site {site.name!r} has no partition {job.partition!r}",
+                did_you_mean(job.partition, site.partitions, "partition"))
+    part = part or Partition()
+    gpus = job.gpus_per_node if job.gpus_per_node is not None else part.gpus_per_node
+    if site.partitions and part_name in site.partitions and gpus > part.gpus_per_node:
+        problem("gpus_per_node", f"partition {part_name!r} has {part.gpus_per_node} GPUs per node, {gpus} requested")
+    procs = job.procs_per_node or (gpus if gpus > 0 else 1)
+    if part.max_nodes is not None and job.nodes > part.max_nodes:
+        problem("nodes", f"partition {part_name!r} allows at most {part.max_nodes} nodes, {job.nodes} requested")
+    if site.scheduler == "local" and job.nodes > 1:
+        problem("nodes", f"site {site.name!r} runs on this machine only: use --nodes 1 and --procs-per-node N")
+
+    time_value = job.time if job.time is not None else part.default_time
+    time_seconds = parse_slurm_time(time_value) if time_value is not None else None
+    if time_seconds is not None and part.max_time is not None:
+        limit = parse_slurm_time(part.max_time)
+        if time_seconds > limit:
+            problem("time", f"{format_slurm_time(time_seconds)} exceeds partition {part_name!r}'s limit {format_slurm_time(limit)}")
+
+    # --- NCCL profile ------------------------------------------------------------------
+    profile = job.nccl_profile or part.nccl_profile
+    if job.nccl_profile and job.nccl_profile not in site.nccl_profiles:
+        problem("nccl_profile", f"site {site.name!r} has no NCCL profile {job.nccl_profile!r}",
+                did_you_mean(job.nccl_profile, site.nccl_profiles, "profile"))
+
+    # --- site policy from plugins --------------------------------------------------------
+    for message in plugins.validate_job(job, site):
+        problem("", message, source=f"site policy ({site.name})")
+
+    if problems:
+        raise ConfigError(problems)
+    workdir = os.path.abspath(job.workdir or os.getcwd())
+
+    python = job.python or site.python or sys.executable
+    job_root = _expand(job.job_root or site.job_root, workdir)
+    script = ""
+    if kind == "script":
+        if not job.script:
+            raise ConfigError(Problem(JOB, "script", "a script job needs a training script"))
+        script = _expand(job.script, workdir)
+    name = job.job_name or (f"hpc_train-{Path(script).stem}" if script else f"hpc_train-{function_name or 'function'}")
+
+    # --- environment, lowest precedence first --------------------------------------------
+    env: dict[str, EnvVar] = {}
+
+    def put(values: dict[str, str], source: str) -> None:
+        for key, value in values.items():
+            env[key] = EnvVar(key, value, source)
+
+    put(site.env, "site")
+    put(part.env, f"partition {part_name}")
+    if profile and profile in site.nccl_profiles:
+        put(site.nccl_profiles[profile], f"nccl profile {profile}")
+    put({f"HPC_TRAIN_{key.upper()}_DIR": _expand(value, workdir) for key, value in site.storage.items()}, "site storage")
+    info = LaunchInfo(
+        scheduler=site.scheduler,
+        nodes=job.nodes,
+        procs_per_node=procs,
+        gpus_per_node=gpus,
+        python=python,
+        script=script,
+        script_args=tuple(job.script_args),
+        master_port=site.master_port,
+        job_folder=job_root,
+    )
+    put(backend.env(info), f"backend {backend.name}")
+    put(plugins.job_env(job, site, backend.name), "plugins")
+    put(dict(job.env), "job")
+    put({
+        "HPC_TRAIN_SITE": site.name,
+        "HPC_TRAIN_BACKEND": backend.name,
+        "HPC_TRAIN_NODES": str(job.nodes),
+        "HPC_TRAIN_PROCS_PER_NODE": str(procs),
+        "HPC_TRAIN_JOB_ROOT": job_root,
+    }, "hpc_train")
+
+    # --- #SBATCH directives ------------------------------------------------------------
+    directives: dict[str, Any] = {}
+    tasks = backend.tasks_per_node(procs) if kind == "script" else procs
+    if site.scheduler == "slurm":
+        directives.update({
+            "job-name": name,
+            "nodes": job.nodes,
+            "ntasks-per-node": tasks,
+            "output": os.path.join(job_root, "%j", "%j_0_log.out"),
+            "error": os.path.join(job_root, "%j", "%j_0_log.err"),
+            "open-mode": "append",
+        })
+        if part_name:
+            directives["partition"] = part_name
+        if time_seconds is not None:
+            directives["time"] = format_slurm_time(time_seconds)
+        if gpus > 0:
+            directives["gres"] = f"gpu:{part.gpu_type}:{gpus}" if part.gpu_type else f"gpu:{gpus}"
+        if site.requeue.enabled:
+            directives["requeue"] = True
+        for key in ("cpus_per_task", "mem", "account", "qos", "reservation", "constraint"):
+            value = getattr(job, key)
+            if key == "constraint" and value is None:
+                value = part.constraint
+            if key == "mem" and value is None:
+                value = part.mem_per_node
+            if value is not None:
+                directives[key.replace("_", "-")] = value
+        directives.update(site.sbatch)
+        directives.update(part.sbatch)
+        directives.update(plugins.sbatch_directives(job, site, backend.name))
+        directives.update(job.sbatch)
+    sorted_directives = sorted((k, v) for k, v in directives.items() if v is not None and v is not False)
+
+    launch: list[Word] = backend.launch(info) if kind == "script" else []
+    plan = JobPlan(
+        job=job,
+        site=site,
+        site_path=resolved.path,
+        backend=backend,
+        kind=kind,
+        scheduler=site.scheduler,
+        partition=part_name,
+        nodes=job.nodes,
+        procs_per_node=procs,
+        tasks_per_node=tasks,
+        gpus_per_node=gpus,
+        time_seconds=time_seconds,
+        job_name=name,
+        job_root=job_root,
+        python=python,
+        workdir=workdir,
+        directives=sorted_directives,
+        env=sorted(env.values(), key=lambda e: e.name),
+        nccl_profile=profile,
+        launch=launch,
+    )
+    plan.extra = plugins.template_context(plan)
+    return plan

@@ -1,0 +1,107 @@
+"""Format a JobPlan as an sbatch script through Jinja templates that sites can override.
+
+One Environment per set of template folders: StrictUndefined (a missing value is an error, never an
+empty ``#SBATCH --partition=``), site folders first, the built-ins also reachable as ``default:``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from pathlib import Path
+
+import jinja2
+
+from hpc_train import __version__
+from hpc_train._resources import builtin_dir
+from hpc_train.errors import Problem, TemplateError
+from hpc_train.plan import JobPlan
+from hpc_train.shell import join, quote, sbatch_line
+
+
+@functools.cache
+def environment(template_dirs: tuple[str, ...] = ()) -> jinja2.Environment:
+    builtin = jinja2.FileSystemLoader(str(builtin_dir("templates")))
+    loader = jinja2.ChoiceLoader([
+        *(jinja2.FileSystemLoader(d) for d in template_dirs),
+        jinja2.PrefixLoader({"default": builtin}, delimiter=":"),
+        builtin,
+    ])
+    env = jinja2.Environment(
+        loader=loader,
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    env.filters["q"] = quote
+    env.filters["shjoin"] = join
+    return env
+
+
+def template_dirs_for(plan: JobPlan, plugin_dirs: Sequence[Path] = ()) -> tuple[str, ...]:
+    site_dirs = [(plan.site_path.parent / d).resolve() for d in plan.site.template_dirs]
+    return tuple(str(d) for d in [*site_dirs, *plugin_dirs])
+
+
+def context(plan: JobPlan) -> dict[str, object]:
+    srun: list[str] = []
+    if plan.scheduler == "slurm":
+        srun = [
+            "srun",
+            f"--nodes={plan.nodes}",
+            f"--ntasks-per-node={plan.tasks_per_node}",
+            "--kill-on-bad-exit=1",
+            "--unbuffered",
+            f"--output={plan.stdout_pattern}",
+            f"--error={plan.stderr_pattern}",
+        ]
+    return {
+        "container": container_words(plan),
+        "plan": plan,
+        "version": __version__,
+        "site": plan.site,
+        "job": plan.job,
+        "backend": plan.backend_name,
+        "sbatch_lines": [sbatch_line(k, v) for k, v in plan.directives],
+        "env": plan.env,
+        "srun": srun,
+        "extra": plan.extra,
+    }
+
+
+def container_words(plan: JobPlan) -> list[str]:
+    """Words between srun and the launch line that put each task in the site's container."""
+    container = plan.site.container
+    image = plan.job.container_image or container.image
+    if container.runtime == "none" or not image:
+        return []
+    if container.runtime == "pyxis":
+        words = [f"--container-image={image}"]
+        if container.mounts:
+            words.append("--container-mounts=" + ",".join(container.mounts))
+        return [*words, *container.options]
+    words = [container.runtime, "exec"]
+    if plan.gpus_per_node > 0:
+        words.append("--nv")
+    for mount in container.mounts:
+        words += ["--bind", mount]
+    return [*words, *container.options, image]
+
+
+def render(plan: JobPlan, plugin_template_dirs: Sequence[Path] = ()) -> str:
+    dirs = template_dirs_for(plan, plugin_template_dirs)
+    env = environment(dirs)
+    name = plan.site.template
+    try:
+        template = env.get_template(name)
+        return template.render(**context(plan))
+    except jinja2.TemplateSyntaxError as exc:
+        source = exc.filename or exc.name or name
+        raise TemplateError(Problem(source, "", f"template syntax error: {exc.message}", exc.lineno)) from None
+    except jinja2.TemplateNotFound as exc:
+        searched = ", ".join(dirs + (str(builtin_dir("templates")),))
+        raise TemplateError(Problem(f"site {plan.site.name}", "template", f"template {exc.name!r} not found (searched {searched})")) from None
+    except jinja2.UndefinedError as exc:
+        raise TemplateError(Problem(name, "", f"template uses an undefined value: {exc.message}")) from None

@@ -1,0 +1,1 @@
+"""Inside the job: one API for every backend. Nothing here is imported on the login side."""
