@@ -7,12 +7,14 @@ The ``local`` site uses submitit's local executor: the same plan, on this machin
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +52,17 @@ class LocalScript:
         script.write_text(self.text)
         sys.stdout.flush()
         environ = {**os.environ, "HPC_TRAIN_JOB_FOLDER": str(folder)}
-        # inherit stdout/stderr: submitit already sends them to the job's log files
-        code = subprocess.call(["bash", str(script)], env=environ)
+        # The script gets its own process group so a cancel or timeout reaches torchrun and its
+        # workers too; submitit's local controller only signals this Python process.
+        process = subprocess.Popen(["bash", str(script)], env=environ, start_new_session=True)
+
+        def forward(signum: int, frame: Any) -> None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM if signum == signal.SIGINT else signum)
+
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(signum, forward)
+        code = process.wait()
         if code != 0:
             raise RuntimeError(f"training script exited with status {code}")
         return code
@@ -134,12 +145,35 @@ def _submit_slurm(plan: JobPlan, render: Callable[[JobPlan], str], fn: Any, args
         raise SchedulerError("sbatch", str(exc)) from None
 
 
+@contextlib.contextmanager
+def _detached_stdio() -> Iterator[None]:
+    """submitit's local controller inherits our stdout/stderr; a caller reading our output through a
+    pipe (``$(hpc_train submit --parsable ...)``, subprocess) would then wait for the whole job.
+    The job's output goes to its log files, so the controller gets /dev/null instead."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(fd) for fd in (0, 1, 2)]
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        yield
+    finally:
+        for fd, copy in zip((0, 1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
+        os.close(null)
+
+
 def _submit_local(plan: JobPlan, render: Callable[[JobPlan], str], fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     executor = submitit.LocalExecutor(plan.folder, python=plan.python)
     timeout_min = plan.time_seconds // 60 if plan.time_seconds else DEFAULT_LOCAL_TIMEOUT_MIN
     if plan.kind == "function":
         executor.update_parameters(timeout_min=timeout_min, tasks_per_node=plan.procs_per_node)
         env = {var.name: str(var.value) for var in plan.env}
-        return executor.submit(FunctionTask(fn, env), *args, **kwargs)
+        with _detached_stdio():
+            return executor.submit(FunctionTask(fn, env), *args, **kwargs)
     executor.update_parameters(timeout_min=timeout_min, tasks_per_node=1)
-    return executor.submit(LocalScript(render(plan)))
+    text = render(plan)
+    with _detached_stdio():
+        return executor.submit(LocalScript(text))

@@ -145,6 +145,8 @@ class JobHandle:
         process = getattr(job, "_process", None)
         running = process.poll() is None if process is not None else _pid_alive(int(self.job_id))
         result = Path(self.record.folder) / f"{self.job_id}_0_result.pkl"
+        if (Path(self.record.folder) / f"{self.job_id}_cancelled").exists() and not running:
+            return "CANCELLED"
         if result.exists():
             from submitit.core.utils import pickle_load
 
@@ -232,6 +234,7 @@ class JobHandle:
     def cancel(self) -> None:
         if self.record.scheduler == "local":
             job = self.submitit_job
+            (Path(self.record.folder) / f"{self.job_id}_cancelled").touch()
             if getattr(job, "_process", None) is not None:
                 job.cancel()
             elif _pid_alive(int(self.job_id)):

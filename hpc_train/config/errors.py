@@ -35,7 +35,9 @@ def _model_at(model: type[BaseModel], loc: Loc) -> type[BaseModel] | None:
 
 
 def _unwrap(annotation: Any) -> Any:
-    # Optional[Model] and Annotated[...] hide the model class one level down.
+    # Optional[Model] and Annotated[...] hide the model class one level down (dicts and lists do not).
+    if typing.get_origin(annotation) in (dict, list, tuple):
+        return annotation
     for arg in typing.get_args(annotation) or ():
         if isinstance(arg, type) and issubclass(arg, BaseModel):
             return arg

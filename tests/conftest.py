@@ -1,0 +1,49 @@
+"""Fixtures for every test: an isolated user environment and a fresh plugin manager per test."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def isolated_user(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No test reads or writes the real user's config, job records or site path."""
+    home = tmp_path_factory.mktemp("user")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "config"))
+    monkeypatch.setenv("HPC_TRAIN_STATE_DIR", str(home / "state"))
+    monkeypatch.delenv("HPC_TRAIN_SITE_PATH", raising=False)
+    monkeypatch.delenv("HPC_TRAIN_DISABLE_PLUGINS", raising=False)
+    return home
+
+
+@pytest.fixture
+def plugins():
+    from hpc_train.plugins import get_plugin_manager
+
+    return get_plugin_manager()
+
+
+@pytest.fixture
+def site_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder on $HPC_TRAIN_SITE_PATH for the test's own site files."""
+    folder = tmp_path / "sites"
+    folder.mkdir()
+    monkeypatch.setenv("HPC_TRAIN_SITE_PATH", str(folder))
+    return folder
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def python_env() -> dict[str, str]:
+    """The environment for running `python -m hpc_train` in a subprocess."""
+    return dict(os.environ)

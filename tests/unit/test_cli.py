@@ -1,0 +1,141 @@
+"""The CLI as a user meets it: output, exit codes, and errors without tracebacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, write
+
+
+def cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hpc_train", *args], capture_output=True, text=True,
+                          cwd=cwd or REPO, env=env)
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    return write(tmp_path / "train.py", "print('hi')\n")
+
+
+def test_render_prints_the_script_and_submits_nothing(script):
+    out = cli("render", "--site", "bluecloud", "--backend", "torchrun", "--nodes", "4", "--gpus-per-node", "8",
+              "--time", "12:00:00", str(script), "--", "--lr", "1e-4")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("#!/bin/bash\n")
+    assert "#SBATCH --nodes=4" in out.stdout and "#SBATCH --gres=gpu:a100:8" in out.stdout
+    assert f"{script} --lr 1e-4" in out.stdout
+    assert "#SBATCH --time=12:00:00" in out.stdout
+
+
+@pytest.mark.parametrize("args, code, fragments", [
+    (["render", "--site", "bluecloude", "X"], 2, ["unknown site 'bluecloude'", "did you mean 'bluecloud'"]),
+    (["render", "--site", "bluecloud", "--backend", "deepspeedd", "X"], 2, ["unknown backend 'deepspeedd'"]),
+    (["render", "--site", "bluecloud", "--nodes", "99", "X"], 78, ["allows at most 32 nodes"]),
+    (["render", "--site", "bluecloud", "--time", "12h", "X"], 78, ["--time: malformed time '12h'"]),
+    (["render", "--site", "bluecloud", "missing_train.py"], 78, ["training script 'missing_train.py' not found"]),
+    (["render", "--site", "bluecloud", "--env", "NOEQUALS", "X"], 2, ["--env 'NOEQUALS': expected KEY=VALUE"]),
+    (["status", "424242"], 2, ["no job '424242' submitted through hpc_train"]),
+])
+def test_bad_input_is_a_message_not_a_traceback(script, args, code, fragments):
+    args = [str(script) if a == "X" else a for a in args]
+    out = cli(*args)
+    assert out.returncode == code, out.stderr
+    assert "Traceback" not in out.stderr
+    assert out.stderr.startswith("error: ")
+    for fragment in fragments:
+        assert fragment in out.stderr
+
+
+def test_bad_site_file_error_names_file_and_line(script, tmp_path):
+    site = write(tmp_path / "broken.yaml", "partitions:\n  a100:\n    gpus_per_node: 8x\n")
+    out = cli("render", "--site", str(site), str(script))
+    assert out.returncode == 78
+    assert "broken.yaml:3: partitions.a100.gpus_per_node: expected an integer, got '8x'" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_sbatch_missing_is_a_clear_error(script, tmp_path):
+    import os
+
+    env = {**os.environ, "PATH": str(tmp_path / "empty-bin")}
+    out = cli("submit", "--site", "generic-slurm", str(script), env=env)
+    assert out.returncode == 69
+    assert "sbatch not found on PATH" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_listing_commands():
+    assert "bluecloud" in cli("sites").stdout
+    backends = cli("backends").stdout
+    assert "torchrun" in backends and "max_restarts" in backends
+    plugins = cli("plugins")
+    assert plugins.returncode == 0 and "hpc_train_backends" in plugins.stdout
+    validate = cli("validate")
+    assert validate.returncode == 0 and "ok: bluecloud" in validate.stdout
+
+
+def test_site_show_says_where_values_come_from():
+    out = cli("site", "show", "sandbox").stdout
+    assert "# site sandbox: site_configs/sandbox.yaml <- site_configs/generic-slurm.yaml" in out
+    assert 'PYTHONUNBUFFERED: "1"  # site_configs/generic-slurm.yaml:' in out
+    assert 'slurm_conf: "/tmp/hpc_train-sandbox/etc/slurm.conf"  # site_configs/sandbox.yaml:' in out
+
+
+def test_validate_reports_bad_backend_options(tmp_path):
+    site = write(tmp_path / "s.yaml", "backends:\n  torchrun:\n    max_restart: 1\n  horovodd: {}\n")
+    out = cli("validate", "--site", str(site))
+    assert out.returncode == 78
+    assert "backends.torchrun.max_restart: unknown key" in out.stderr
+    assert "backends.horovodd: no such backend" in out.stderr
+
+
+LOGIN_SIDE = """
+import sys, runpy
+sys.argv = ["hpc_train"] + {args!r}
+try:
+    runpy.run_module("hpc_train", run_name="__main__")
+except SystemExit:
+    pass
+heavy = sorted(m for m in ("torch", "deepspeed", "horovod", "mpi4py", "numpy") if m in sys.modules)
+print("HEAVY=" + ",".join(heavy), file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("args", [["--help"], ["render", "--site", "bluecloud", "X"], ["status", "1"],
+                                  ["sites"], ["backends"], ["submit", "--help"]])
+def test_login_side_never_imports_frameworks(script, args):
+    args = [str(script) if a == "X" else a for a in args]
+    out = subprocess.run([sys.executable, "-c", LOGIN_SIDE.format(args=args)], capture_output=True, text=True, cwd=REPO)
+    assert "HEAVY=\n" in out.stderr or out.stderr.rstrip().endswith("HEAVY="), out.stderr[-2000:]
+
+
+def test_python_api_render_matches_cli(script):
+    import hpc_train
+
+    text = hpc_train.render(script, "--lr", "1e-4", site="bluecloud", nodes=4, time="12:00:00")
+    out = cli("render", "--site", "bluecloud", "--nodes", "4", "--time", "12:00:00", str(script), "--", "--lr", "1e-4")
+    assert text == out.stdout
+
+
+def test_status_json_for_a_local_job_and_parsable(script, tmp_path):
+    sleeper = write(tmp_path / "sleep.py", "import time; time.sleep(60)\n")
+    out = cli("submit", "--site", "local", "--backend", "torchrun", "--job-root", str(tmp_path / "jobs"),
+              "--parsable", str(sleeper))
+    assert out.returncode == 0, out.stderr
+    job_id = out.stdout.strip()
+    assert job_id.isdigit()
+    status = json.loads(cli("status", job_id, "--json").stdout)
+    assert status["state"] == "RUNNING" and status["site"] == "local"
+    assert cli("cancel", job_id).returncode == 0
+    import time
+
+    for _ in range(100):
+        state = json.loads(cli("status", job_id, "--json").stdout)["state"]
+        if state != "RUNNING":
+            break
+        time.sleep(0.2)
+    assert state in ("CANCELLED", "FAILED")

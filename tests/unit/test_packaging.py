@@ -1,0 +1,40 @@
+"""The wheel carries templates, plugins and site configs; a clean install renders a script."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from tests.conftest import REPO, write
+
+
+@pytest.mark.slow
+def test_wheel_installs_into_a_fresh_venv_and_renders(tmp_path):
+    dist = tmp_path / "dist"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(REPO)],
+                   check=True, capture_output=True)
+    [wheel] = dist.glob("hpc_train-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "hpc_train/templates/sbatch/base.sh.j2" in names
+    assert {"hpc_train/site_configs/bluecloud.yaml", "hpc_train/site_configs/local.yaml"} <= names
+    assert "hpc_train_plugins/torchrun.py" in names
+    assert not any(name.startswith("tests/") for name in names)
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    install = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], capture_output=True, text=True)
+    assert install.returncode == 0, install.stderr[-3000:]
+
+    elsewhere = tmp_path / "project"
+    write(elsewhere / "train.py", "print('hi')\n")
+    out = subprocess.run([str(venv / "bin" / "python"), "-m", "hpc_train", "render", "--site", "bluecloud",
+                          "--nodes", "2", "train.py", "--", "--lr", "1e-4"],
+                         capture_output=True, text=True, cwd=elsewhere)
+    assert out.returncode == 0, out.stderr
+    assert "#SBATCH --gres=gpu:a100:8" in out.stdout and "torch.distributed.run" in out.stdout
+    sites = subprocess.run([str(venv / "bin" / "hpc-train"), "sites"], capture_output=True, text=True, cwd=elsewhere)
+    assert all(name in sites.stdout for name in ("local", "sandbox", "bluecloud", "generic-slurm"))
+    assert str(REPO) not in sites.stdout  # served from the installed package, not the checkout

@@ -1,0 +1,120 @@
+"""Planning: defaults, precedence and every resource check, before anything is rendered."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpc_train.api import make_job
+from hpc_train.config.loader import load_site
+from hpc_train.errors import ConfigError, UnknownNameError
+from hpc_train.plan import build_plan
+
+
+def plan(plugins, site="bluecloud", **options):
+    options.setdefault("script", "train.py")
+    options.setdefault("workdir", "/home/alice/project")
+    options.setdefault("python", "/opt/venv/bin/python")
+    job = make_job(site=site, **options)
+    return build_plan(job, load_site(site), plugins)
+
+
+def test_gpu_partition_defaults_procs_to_gpus(plugins):
+    p = plan(plugins, nodes=4)
+    assert (p.partition, p.gpus_per_node, p.procs_per_node, p.tasks_per_node) == ("a100", 8, 8, 1)
+    assert ("gres", "gpu:a100:8") in p.directives
+    assert p.world_size == 32
+
+
+def test_cpu_partition_defaults_to_one_process(plugins):
+    p = plan(plugins, site="sandbox", nodes=2)
+    assert (p.gpus_per_node, p.procs_per_node) == (0, 1)
+    assert not any(k == "gres" for k, _ in p.directives)
+    assert ("time", "00:10:00") in p.directives  # the partition's default time
+
+
+def test_procs_per_node_option_wins(plugins):
+    assert plan(plugins, site="sandbox", procs_per_node=3).procs_per_node == 3
+
+
+def test_env_precedence_and_sources(plugins):
+    p = plan(plugins, env={"NCCL_IB_HCA": "mlx5_0", "MINE": "1"}, nccl_profile="debug")
+    env = {e.name: e for e in p.env}
+    assert env["NCCL_IB_HCA"].value == "mlx5_0" and env["NCCL_IB_HCA"].source == "job"
+    assert env["NCCL_DEBUG"].source == "nccl profile debug"
+    assert env["PYTHONUNBUFFERED"].source == "site"
+    # the partition's default profile is replaced by the one asked for
+    assert "NCCL_IB_GID_INDEX" not in env
+
+
+def test_all_resource_problems_reported_together(plugins):
+    with pytest.raises(ConfigError) as info:
+        plan(plugins, nodes=64, gpus_per_node=16, time="8-00:00:00")
+    text = str(info.value)
+    assert "3 problems" in text
+    assert "allows at most 32 nodes, 64 requested" in text
+    assert "has 8 GPUs per node, 16 requested" in text
+    assert "8-00:00:00 exceeds partition 'a100''s limit 7-00:00:00" in text
+
+
+def test_unknown_partition_and_profile_suggest(plugins):
+    with pytest.raises(ConfigError) as info:
+        plan(plugins, partition="a10", nccl_profile="ib-hdx")
+    text = str(info.value)
+    assert "no partition 'a10'" in text and "did you mean 'a100'" in text
+    assert "no NCCL profile 'ib-hdx'" in text and "'ib-hdr'" in text
+
+
+def test_unknown_backend_suggests(plugins):
+    with pytest.raises(UnknownNameError) as info:
+        plan(plugins, backend="torchrunn")
+    assert "did you mean 'torchrun'" in info.value.hint
+
+
+def test_backend_options_are_typed(plugins):
+    with pytest.raises(ConfigError) as info:
+        plan(plugins, backend_options={"max_restart": 2, "rdzv_backend": "etcd"})
+    text = str(info.value)
+    assert "max_restart: unknown key" in text and "did you mean 'max_restarts'" in text
+    assert "rdzv_backend: expected one of 'c10d' or 'static'" in text
+
+
+def test_local_site_is_one_node(plugins):
+    with pytest.raises(ConfigError) as info:
+        plan(plugins, site="local", nodes=2)
+    assert "--nodes 1" in str(info.value)
+
+
+@pytest.mark.parametrize("options, fragment", [
+    ({"nodes": 0}, "--nodes: expected a number ≥ 1, got 0"),
+    ({"time": "12h"}, "--time: malformed time '12h'"),
+    ({"job_name": "x\n#SBATCH --qos=high"}, "--job-name: must not contain newlines"),
+    ({"sbatch": {"nodes": "3"}}, "--nodes is set by hpc_train"),
+    ({"sbatch": {"mail type": "END"}}, "is not an sbatch long option name"),
+    ({"env": {"1BAD": "x"}}, "not a valid environment variable name"),
+])
+def test_bad_job_options(options, fragment):
+    with pytest.raises(ConfigError) as info:
+        make_job(script="train.py", **options)
+    assert fragment in str(info.value)
+
+
+def test_passthrough_sbatch_and_policy_hooks(plugins):
+    from hpc_train import hookimpl
+
+    class Policy:
+        @hookimpl
+        def hpc_train_sbatch_directives(self, job, site, backend):
+            return {"qos": "normal", "comment": "from-plugin"}
+
+        @hookimpl
+        def hpc_train_validate_job(self, job, site):
+            return ["over 2 nodes needs a reservation"] if job.nodes > 2 and not job.reservation else []
+
+    plugins.pm.register(Policy())
+    p = plan(plugins, nodes=2, sbatch={"qos": "high", "mail-type": "END"})
+    directives = dict(p.directives)
+    assert directives["qos"] == "high"  # the job's own option wins over the hook
+    assert directives["comment"] == "from-plugin" and directives["mail-type"] == "END"
+    with pytest.raises(ConfigError) as info:
+        plan(plugins, nodes=4)
+    assert "site policy (bluecloud): over 2 nodes needs a reservation" in str(info.value)
