@@ -29,6 +29,7 @@ def main() -> None:
 
     dist.init_process_group(backend="gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    print(f"rank {rank}/{world} on {socket.gethostname()}", flush=True)
     torch.manual_seed(0)
 
     # y = x @ w_true + noise: the loss falls well below its starting value within a few dozen steps

@@ -250,10 +250,14 @@ class JobHandle:
             raise SchedulerError(cmd, out.stderr)
 
     def result(self) -> Any:
-        """The function's return value (function jobs); raises if the job failed."""
+        """Rank 0's return value (function jobs); waits for the job and raises if it failed."""
+        return self.results()[0]
+
+    def results(self) -> list[Any]:
+        """Every task's return value, in task order (function jobs)."""
         if self.record.kind != "function":
             raise UsageError(f"job {self.job_id} runs a script; it has logs and an exit status, not a result")
-        return self.submitit_job.result()
+        return list(self.submitit_job.results())
 
 
 def _pid_alive(pid: int) -> bool:

@@ -1,0 +1,60 @@
+# hpc_train — the README's two commands are `make demo` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# torch is pinned: an unpinned torch pulls a multi-GB CUDA build
+TORCH := torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: help venv install system-deps demo test test-unit test-e2e cluster-up cluster-down cluster-status bench clean
+
+help:
+	@echo "make demo          set up .venv, install, run a 2-process DDP job on the local site"
+	@echo "make test          install everything (Slurm, MPI, torch, ...), start the sandbox cluster, run all tests"
+	@echo "make cluster-up    start the multi-node Slurm sandbox (prints SLURM_CONF=...)"
+	@echo "make cluster-down  stop it"
+	@echo "make bench         benchmarks (ratios against baselines in the same run)"
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+venv: $(PY)
+
+# editable install plus the job-side dependencies (torch pinned first so nothing pulls another build)
+install: venv
+	$(PIP) install -q "$(TORCH)" numpy
+	$(PIP) install -q -e ".[test]" "$(TORCH)"
+
+system-deps:
+	bash tests/cluster/install-deps.sh
+
+demo: install
+	@echo "== a 2-process DDP job on the local site (no cluster needed) =="
+	cd examples && ../$(PY) -m hpc_train submit --site local --procs-per-node 2 --follow train_ddp.py -- --steps 60
+
+test: system-deps install
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+test-unit: install
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-e2e: system-deps install
+	$(PY) -m pytest tests/e2e tests/cluster $(PYTEST_ARGS)
+
+cluster-up: system-deps
+	@bash tests/cluster/sandbox.sh up
+
+cluster-down:
+	@bash tests/cluster/sandbox.sh down
+
+cluster-status:
+	@bash tests/cluster/sandbox.sh status
+
+bench: install
+	$(PY) bench/cli_latency.py
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache

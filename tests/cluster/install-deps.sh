@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# install-deps.sh - install the Debian 12 packages the Slurm sandbox (tests/cluster/sandbox.sh) needs.
+#
+# Idempotent: exits within a fraction of a second when every package is already installed.
+# Runs `apt-get update` only when the package lists are missing or the install fails with them.
+# Needs root (CI runs it as root on a fresh Debian 12 machine).
+set -euo pipefail
+
+PKGS=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server
+      openmpi-bin libopenmpi-dev libpmix-dev iproute2 util-linux bc)
+
+log() { echo "[install-deps $(date +%T)] $*" >&2; }
+
+missing=()
+for p in "${PKGS[@]}"; do
+  st=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  [ "$st" = "install ok installed" ] || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  log "all ${#PKGS[@]} packages already installed"
+  exit 0
+fi
+[ "$(id -u)" = 0 ] || { log "ERROR: must run as root to install: ${missing[*]}"; exit 1; }
+log "missing: ${missing[*]}"
+
+export DEBIAN_FRONTEND=noninteractive
+APT_OPTS=(-y --no-install-recommends -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold)
+
+lists_present() { compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null; }
+
+updated=0
+if ! lists_present; then
+  log "apt-get update (no package lists)"
+  apt-get update -q
+  updated=1
+fi
+if ! apt-get install "${APT_OPTS[@]}" "${PKGS[@]}"; then
+  [ $updated = 1 ] && exit 1
+  log "install failed; apt-get update and retry"
+  apt-get update -q
+  apt-get install "${APT_OPTS[@]}" "${PKGS[@]}"
+fi
+log "done"
