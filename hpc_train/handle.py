@@ -124,21 +124,25 @@ class JobHandle:
         """Slurm's state name (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, ...)."""
         if self.record.scheduler == "local":
             return self._local_state()
-        state = self.submitit_job.watcher.get_state(self.job_id, mode="force")
-        # "CANCELLED by 0" -> "CANCELLED"
-        state = state.split()[0] if state else "UNKNOWN"
-        if state == "UNKNOWN":
-            state = self._squeue_state() or state
+        # The controller knows the state now; accounting (sacct, submitit's watcher) can lag by
+        # seconds, and is the only source once the controller has forgotten a finished job.
+        state = self._controller_info().get("JobState")
+        if state is None:
+            state = self.submitit_job.watcher.get_state(self.job_id, mode="force")
+            state = state.split()[0] if state else "UNKNOWN"  # "CANCELLED by 0" -> "CANCELLED"
         return state
 
-    def _squeue_state(self) -> str | None:
+    def _controller_info(self) -> dict[str, str]:
+        """``scontrol show job``'s fields, or {} once the controller no longer knows the job."""
+        self._ensure_scheduler_env()
         try:
-            out = subprocess.run(["squeue", "-h", "-j", self.job_id, "-o", "%T"], capture_output=True, text=True, timeout=20)
+            out = subprocess.run(["scontrol", "show", "job", "-o", self.job_id], capture_output=True, text=True, timeout=20)
         except (OSError, subprocess.TimeoutExpired):
-            return None
+            return {}
         if out.returncode != 0:
-            return None
-        return out.stdout.strip().split("\n")[0] or None
+            return {}
+        first = out.stdout.splitlines()[0] if out.stdout else ""
+        return dict(word.split("=", 1) for word in first.split() if "=" in word)
 
     def _local_state(self) -> str:
         job = self.submitit_job
@@ -203,7 +207,7 @@ class JobHandle:
         if state in FINAL_OK:
             return 0
         if self.record.scheduler == "slurm":
-            code = self.accounting().get("ExitCode", "")
+            code = self._controller_info().get("ExitCode") or self.accounting().get("ExitCode", "")
             rc = code.split(":")[0]
             if rc.isdigit() and int(rc) != 0:
                 return int(rc)

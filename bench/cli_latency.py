@@ -1,0 +1,79 @@
+"""CLI latency on a login node: `hpc_train render` for a 4-node job against torchx's dry run.
+
+Both run in this process's machine in the same run, alternating, N times each; we print the median
+wall times, their ratio, and how many modules each command imports (python -X importtime).
+torchx lives only in the bench environment (.bench-venv), created here when missing.
+
+    .venv/bin/python bench/cli_latency.py [--runs 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH_VENV = REPO / ".bench-venv"
+TARGET = 0.6
+
+
+def ensure_torchx() -> Path:
+    torchx = BENCH_VENV / "bin" / "torchx"
+    if not torchx.exists():
+        print("creating .bench-venv with torchx (bench only) ...", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "venv", str(BENCH_VENV)], check=True)
+        subprocess.run([str(BENCH_VENV / "bin" / "pip"), "install", "-q", "torchx"], check=True)
+    return torchx
+
+
+def timed(cmd: list[str], cwd: Path) -> float:
+    start = time.perf_counter()
+    out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stderr[-2000:]}")
+    return elapsed
+
+
+def modules_imported(python: str, argv: list[str], cwd: Path) -> int:
+    out = subprocess.run([python, "-X", "importtime", *argv], cwd=cwd, capture_output=True, text=True)
+    return sum(1 for line in out.stderr.splitlines() if line.startswith("import time:") and "imported package" not in line) - 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=15)
+    args = parser.parse_args()
+    torchx = ensure_torchx()
+    work = Path(tempfile.mkdtemp(prefix="hpc_train-bench-"))
+    (work / "train.py").write_text("print('train')\n")
+
+    ours_argv = ["-m", "hpc_train", "render", "--site", "bluecloud", "--nodes", "4", "--gpus-per-node", "8", "train.py"]
+    theirs_argv = [str(torchx), "run", "--dryrun", "-s", "slurm", "dist.ddp", "-j", "4x8", "--script", "train.py"]
+    ours = [sys.executable, *ours_argv]
+    theirs = [str(BENCH_VENV / "bin" / "python"), *theirs_argv]
+
+    for cmd in (ours, theirs):  # warm the page cache and any bytecode caches
+        timed(cmd, work)
+    t_ours, t_theirs = [], []
+    for _ in range(args.runs):
+        t_ours.append(timed(ours, work))
+        t_theirs.append(timed(theirs, work))
+    m_ours, m_theirs = statistics.median(t_ours), statistics.median(t_theirs)
+    n_ours = modules_imported(sys.executable, ours_argv, work)
+    n_theirs = modules_imported(str(BENCH_VENV / "bin" / "python"), theirs_argv, work)
+    ratio = m_ours / m_theirs
+
+    print(f"{'command':<48} {'median s':>9} {'min s':>7} {'modules':>8}")
+    print(f"{'hpc_train render (bluecloud, 4x8)':<48} {m_ours:>9.3f} {min(t_ours):>7.3f} {n_ours:>8}")
+    print(f"{'torchx run --dryrun -s slurm dist.ddp -j 4x8':<48} {m_theirs:>9.3f} {min(t_theirs):>7.3f} {n_theirs:>8}")
+    print(f"ratio hpc_train/torchx: {ratio:.2f} (target <= {TARGET}) -> {'met' if ratio <= TARGET else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
