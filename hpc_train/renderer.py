@@ -7,6 +7,7 @@ empty ``#SBATCH --partition=``), site folders first, the built-ins also reachabl
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,6 +30,7 @@ def environment(template_dirs: tuple[str, ...] = ()) -> jinja2.Environment:
     ])
     env = jinja2.Environment(
         loader=loader,
+        bytecode_cache=_bytecode_cache(),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,
@@ -38,6 +40,17 @@ def environment(template_dirs: tuple[str, ...] = ()) -> jinja2.Environment:
     env.filters["q"] = quote
     env.filters["shjoin"] = join
     return env
+
+
+def _bytecode_cache() -> jinja2.BytecodeCache | None:
+    # Compiling the templates is a good part of a cold render; the cache is keyed by source checksum.
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    folder = os.path.join(base, "hpc_train", "jinja")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError:
+        return None
+    return jinja2.FileSystemBytecodeCache(folder)
 
 
 def template_dirs_for(plan: JobPlan, plugin_dirs: Sequence[Path] = ()) -> tuple[str, ...]:

@@ -28,7 +28,7 @@ SbatchValue = Annotated[str | int | bool | None, Field()]
 
 
 class Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, defer_build=True)
 
 
 def _check_env_names(env: dict[str, str]) -> dict[str, str]:

@@ -21,7 +21,8 @@ def read_yaml(path: Path, display: str) -> tuple[Any, dict[Loc, int]]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(Problem(display, "", f"cannot read site file: {exc.strerror or exc}")) from None
-    loader = yaml.SafeLoader(text)
+    # libyaml's parser when PyYAML has it: several times faster on a cold login node
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
     try:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
