@@ -8,7 +8,7 @@ PIP := $(PY) -m pip
 TORCH := torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: help venv install system-deps demo test test-unit test-e2e cluster-up cluster-down cluster-status bench clean
+.PHONY: help venv install backends horovod system-deps demo test test-unit test-e2e cluster-up cluster-down cluster-status bench clean
 
 help:
 	@echo "make demo          set up .venv, install, run a 2-process DDP job on the local site"
@@ -28,6 +28,14 @@ install: venv
 	$(PIP) install -q "$(TORCH)" numpy
 	$(PIP) install -q -e ".[test]" "$(TORCH)"
 
+# the backends' frameworks: DeepSpeed and mpi4py from PyPI (torch pinned), Horovod built against our torch
+backends: install
+	$(PIP) install -q deepspeed mpi4py "$(TORCH)"
+	$(MAKE) horovod
+
+horovod: install
+	bash tools/build_horovod.sh $(VENV)
+
 system-deps:
 	bash tests/cluster/install-deps.sh
 
@@ -35,13 +43,13 @@ demo: install
 	@echo "== a 2-process DDP job on the local site (no cluster needed) =="
 	cd examples && ../$(PY) -m hpc_train submit --site local --procs-per-node 2 --follow train_ddp.py -- --steps 60
 
-test: system-deps install
+test: system-deps install backends
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
 test-unit: install
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-test-e2e: system-deps install
+test-e2e: system-deps install backends
 	$(PY) -m pytest tests/e2e tests/cluster $(PYTEST_ARGS)
 
 cluster-up: system-deps

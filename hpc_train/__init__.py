@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from hpc_train.backend import Backend, LaunchInfo, Raw, Word
+from hpc_train.backend import Backend, LaunchInfo, Raw, Word, launch_shim
 from hpc_train.errors import ConfigError, HpcTrainError, SchedulerError, UsageError
 from hpc_train.hookspecs import hookimpl
 
@@ -40,5 +40,5 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Backend", "ConfigError", "HpcTrainError", "JobHandle", "JobSpec", "LaunchInfo", "Raw", "SchedulerError",
-    "UsageError", "Word", "__version__", "hookimpl", "job", "load_site", "render", "submit",
+    "UsageError", "Word", "__version__", "hookimpl", "job", "launch_shim", "load_site", "render", "submit",
 ]

@@ -39,6 +39,10 @@ class LaunchInfo:
     script_args: tuple[str, ...]
     master_port: int
     job_folder: str
+    cpus_per_proc: int | None = None  # from --cpus-per-task or the partition's CPUs / processes
+    precision: str | None = None
+    grad_accum: int | None = None
+    grad_clip: float | None = None
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -49,6 +53,10 @@ class Backend:
     summary: ClassVar[str] = ""
     #: typed options (``--option key=value``, ``backend_options=``, site ``backends.<name>``); unknown keys rejected
     Options: ClassVar[type[BaseModel]] = NoOptions
+    #: "module:Class" of the job-side half (a hpc_train.runtime.base.BackendRuntime); imported only in the job
+    runtime: ClassVar[str] = "hpc_train.runtime.base:BackendRuntime"
+    #: whether --comm-hook (DDP communication hooks) applies
+    supports_comm_hook: ClassVar[bool] = True
 
     def __init__(self, options: BaseModel) -> None:
         self.options = options
@@ -64,3 +72,25 @@ class Backend:
     def launch(self, info: LaunchInfo) -> list[Word]:
         """argv that runs the script on every task (after ``srun ...`` on Slurm, alone locally)."""
         return [info.python, "-u", info.script, *info.script_args]
+
+    def srun_args(self, info: LaunchInfo) -> list[Word]:
+        """Extra srun options for the launch step (``--mpi=pmix`` for MPI programs)."""
+        return []
+
+    def setup(self, info: LaunchInfo) -> list[str]:
+        """Shell lines run in the batch script before the launch, written verbatim.
+
+        Backends are trusted code: never put user input here, pass it through ``env()`` instead.
+        """
+        return []
+
+    def cleanup(self, info: LaunchInfo) -> list[str]:
+        """Shell lines run when the batch script exits, however it exits (verbatim, like ``setup``)."""
+        return []
+
+
+def launch_shim(info: LaunchInfo, *flags: str, args: list[Word] | None = None) -> list[Word]:
+    """argv that runs the script through ``hpc_train.runtime.launch``, which maps the launcher's
+    variables (SLURM_*, OMPI_*) to RANK/LOCAL_RANK/WORLD_SIZE/MASTER_* and then becomes the script."""
+    script_args = list(info.script_args) if args is None else args
+    return [info.python, "-m", "hpc_train.runtime.launch", *flags, "--", info.script, *script_args]

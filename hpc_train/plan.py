@@ -57,6 +57,9 @@ class JobPlan:
     env: list[EnvVar]
     nccl_profile: str | None
     launch: list[Word]
+    srun_args: list[Word] = field(default_factory=list)
+    backend_setup: list[str] = field(default_factory=list)
+    backend_cleanup: list[str] = field(default_factory=list)
     function_command: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -114,6 +117,9 @@ def build_plan(
     except ValidationError as exc:
         problems.extend(problems_from_validation(exc, backend_cls.Options, f"backend {job.backend!r} options", prefix=()))
     backend = backend_cls(options if options is not None else backend_cls.Options.model_construct())
+
+    if job.comm_hook not in (None, "none") and not backend_cls.supports_comm_hook:
+        problem("comm_hook", f"backend {job.backend!r} has no DDP communication hooks; use it with --backend torchrun")
 
     # --- partition and resources -------------------------------------------------------
     part_name, part = site.partition(job.partition)
@@ -182,9 +188,23 @@ def build_plan(
         script_args=tuple(job.script_args),
         master_port=site.master_port,
         job_folder=job_root,
+        cpus_per_proc=job.cpus_per_task or (part.cpus_per_node // procs if part.cpus_per_node else None),
+        precision=job.precision,
+        grad_accum=job.grad_accum,
+        grad_clip=job.grad_clip,
     )
     put(backend.env(info), f"backend {backend.name}")
     put(plugins.job_env(job, site, backend.name), "plugins")
+    if options is not None and backend_cls.Options.model_fields:
+        put({"HPC_TRAIN_BACKEND_OPTIONS": options.model_dump_json()}, f"backend {backend.name}")
+    training = {
+        "HPC_TRAIN_PRECISION": job.precision,
+        "HPC_TRAIN_GRAD_CLIP": None if job.grad_clip is None else repr(job.grad_clip),
+        "HPC_TRAIN_GRAD_ACCUM": None if job.grad_accum is None else str(job.grad_accum),
+        "HPC_TRAIN_COMM_HOOK": job.comm_hook,
+        "HPC_TRAIN_ACTIVATION_CHECKPOINTING": None if job.activation_checkpointing is None else str(int(job.activation_checkpointing)),
+    }
+    put({k: v for k, v in training.items() if v is not None}, "job")
     put(dict(job.env), "job")
     put({
         "HPC_TRAIN_SITE": site.name,
@@ -229,6 +249,9 @@ def build_plan(
     sorted_directives = sorted((k, v) for k, v in directives.items() if v is not None and v is not False)
 
     launch: list[Word] = backend.launch(info) if kind == "script" else []
+    srun_args: list[Word] = backend.srun_args(info) if kind == "script" else []
+    setup_lines = backend.setup(info) if kind == "script" else []
+    cleanup_lines = backend.cleanup(info) if kind == "script" else []
     plan = JobPlan(
         job=job,
         site=site,
@@ -250,6 +273,9 @@ def build_plan(
         env=sorted(env.values(), key=lambda e: e.name),
         nccl_profile=profile,
         launch=launch,
+        srun_args=srun_args,
+        backend_setup=setup_lines,
+        backend_cleanup=cleanup_lines,
     )
     plan.extra = plugins.template_context(plan)
     return plan

@@ -69,6 +69,7 @@ def context(plan: JobPlan) -> dict[str, object]:
             "--unbuffered",
             f"--output={plan.stdout_pattern}",
             f"--error={plan.stderr_pattern}",
+            *plan.srun_args,
         ]
     return {
         "container": container_words(plan),

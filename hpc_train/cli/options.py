@@ -15,12 +15,20 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--site", help="site name or path to a site YAML file (default: detected, else 'local')")
     g.add_argument("--backend", default="torchrun", help="distributed backend (default: torchrun)")
     g.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE", help="backend option (repeatable)")
+    g.add_argument("--deepspeed-config", metavar="JSON", help="your ds_config (deepspeed backend); the job's settings are merged over it")
     g.add_argument("--nccl-profile", help="NCCL/fabric profile from the site file")
     g.add_argument("--env", "-e", action="append", default=[], metavar="NAME=VALUE", help="environment variable (repeatable)")
     g.add_argument("--python", help="python on the compute nodes (default: this interpreter)")
     g.add_argument("--container-image", help="run every task in this image (site's container runtime)")
     g.add_argument("--workdir", help="working directory of the job (default: here)")
     g.add_argument("--job-root", help="folder for job folders (default: the site's job_root)")
+    t = parser.add_argument_group("training (read by hpc_train.runtime inside the job)")
+    t.add_argument("--precision", choices=["fp32", "bf16", "fp16"], help="mixed precision (fp16 adds loss scaling)")
+    t.add_argument("--grad-clip", type=float, metavar="NORM", help="clip the gradient norm")
+    t.add_argument("--grad-accum", type=int, metavar="N", help="micro-batches per optimizer step")
+    t.add_argument("--comm-hook", choices=["none", "fp16", "bf16", "powersgd"], help="DDP gradient compression")
+    t.add_argument("--activation-checkpointing", action="store_true", default=None,
+                   help="recompute activations in backward (less memory)")
     r = parser.add_argument_group("resources")
     r.add_argument("--nodes", "-N", type=int, default=1, help="nodes (default: 1)")
     r.add_argument("--procs-per-node", type=int, help="processes per node (default: GPUs per node, 1 on CPU)")
@@ -81,11 +89,17 @@ def job_options(args: argparse.Namespace) -> dict[str, Any]:
         "constraint": args.constraint,
         "env": _pairs(args.env, "--env"),
         "nccl_profile": args.nccl_profile,
-        "backend_options": _pairs(args.option, "--option", typed=True),
+        "backend_options": {**_pairs(args.option, "--option", typed=True),
+                            **({"config": args.deepspeed_config} if args.deepspeed_config else {})},
         "sbatch": sbatch,
         "job_root": args.job_root,
         "python": args.python,
         "container_image": args.container_image,
         "workdir": args.workdir,
+        "precision": args.precision,
+        "grad_clip": args.grad_clip,
+        "grad_accum": args.grad_accum,
+        "comm_hook": args.comm_hook,
+        "activation_checkpointing": args.activation_checkpointing,
     }
     return {k: v for k, v in options.items() if v is not None}

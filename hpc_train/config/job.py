@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -43,6 +43,12 @@ class JobSpec(Model):
     python: str | None = Field(None, description="python on the compute nodes")
     container_image: str | None = None
     workdir: str | None = Field(None, description="working directory of the job; default: where you submit from")
+    # training options, read inside the job by hpc_train.runtime (every backend)
+    precision: Literal["fp32", "bf16", "fp16"] | None = None
+    grad_clip: float | None = Field(None, gt=0, description="clip the gradient norm to this value")
+    grad_accum: int | None = Field(None, ge=1, description="micro-batches per optimizer step")
+    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] | None = Field(None, description="DDP gradient compression")
+    activation_checkpointing: bool | None = None
 
     _env_names = field_validator("env")(_check_env_names)
 

@@ -1,0 +1,119 @@
+"""One API for every backend: the training script talks to a Context, never to the framework."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+from typing import Any
+
+from hpc_train.runtime.base import BackendRuntime, apply_activation_checkpointing
+from hpc_train.runtime.data import DistributedLoader
+from hpc_train.runtime.environment import DistEnv, detect
+from hpc_train.runtime.options import RuntimeOptions
+
+DEFAULT_RUNTIME = "hpc_train.runtime.base:BackendRuntime"
+
+
+class Context:
+    """Where this process stands (rank, world, device) and how it trains (prepare, backward, step)."""
+
+    def __init__(self, env: DistEnv, backend: str, runtime: BackendRuntime) -> None:
+        self.env = env
+        self.backend = backend
+        self.runtime = runtime
+        self.options = runtime.options
+
+    # -- identity ----------------------------------------------------------------------------
+    rank = property(lambda self: self.env.rank)
+    local_rank = property(lambda self: self.env.local_rank)
+    world_size = property(lambda self: self.env.world_size)
+    local_world_size = property(lambda self: self.env.local_world_size)
+    node_rank = property(lambda self: self.env.node_rank)
+    num_nodes = property(lambda self: self.env.num_nodes)
+    launcher = property(lambda self: self.env.launcher)
+
+    @property
+    def device(self) -> Any:
+        return self.runtime.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.env.rank == 0
+
+    def __repr__(self) -> str:
+        return (f"Context(backend={self.backend!r}, rank={self.rank}, local_rank={self.local_rank}, "
+                f"world_size={self.world_size}, node_rank={self.node_rank}, device={self.device})")
+
+    # -- training ----------------------------------------------------------------------------
+    def prepare(self, model: Any, optimizer: Any = None, *, activation_checkpointing: bool | tuple[type, ...] | None = None) -> tuple[Any, Any]:
+        """Move and wrap the model (DDP, DeepSpeed engine, Horovod, MPI averaging) and its optimizer."""
+        checkpointing = self.options.activation_checkpointing if activation_checkpointing is None else activation_checkpointing
+        if checkpointing:
+            apply_activation_checkpointing(model, checkpointing if isinstance(checkpointing, tuple) else None)
+        return self.runtime.prepare(model, optimizer)
+
+    def loader(self, dataset: Any, batch_size: int, *, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
+               **loader_kwargs: Any) -> DistributedLoader:
+        """This rank's shard of ``dataset``; each pass is a new, consistently shuffled epoch."""
+        return DistributedLoader(dataset, batch_size, self.env.rank, self.env.world_size, shuffle=shuffle, seed=seed,
+                                 drop_last=drop_last, **loader_kwargs)
+
+    def backward(self, loss: Any) -> None:
+        """Backward with loss scaling (fp16) and accumulation."""
+        self.runtime.backward(loss)
+
+    def step(self) -> bool:
+        """After each backward: at accumulation boundaries unscale, clip, step, zero. True if it stepped."""
+        return self.runtime.step()
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The job's precision for code outside the prepared model's forward (e.g. the loss)."""
+        return self.runtime.autocast()
+
+    def unwrap(self, model: Any) -> Any:
+        return self.runtime.unwrap(model)
+
+    # -- collectives -----------------------------------------------------------------------
+    def all_reduce(self, tensor: Any, op: str = "sum") -> Any:
+        return self.runtime.all_reduce(tensor, op)
+
+    def barrier(self) -> None:
+        self.runtime.barrier()
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """print on rank 0 only, flushed (logs are read while the job runs)."""
+        if self.is_main:
+            print(*args, **kwargs, flush=True)
+
+    def shutdown(self) -> None:
+        self.runtime.shutdown()
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+
+def runtime_class(backend: str) -> type[BackendRuntime]:
+    """The runtime half of ``backend``, found through the plugin manager and imported lazily."""
+    from hpc_train.plugins import default_plugins
+
+    path = getattr(default_plugins().backend(backend), "runtime", None) or DEFAULT_RUNTIME
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def init(backend: str | None = None, **defaults: Any) -> Context:
+    """Find this process's place (any launcher), start the backend, return the Context.
+
+    ``defaults`` (precision=, grad_clip=, grad_accum=, comm_hook=, activation_checkpointing=) apply
+    unless the job sets them (``--precision``, ...).
+    """
+    env = detect()
+    name = backend or os.environ.get("HPC_TRAIN_BACKEND") or "torchrun"
+    options = RuntimeOptions.from_env(**defaults)
+    runtime = runtime_class(name)(env, options)
+    runtime.init()
+    return Context(env, name, runtime)

@@ -1,0 +1,72 @@
+"""Job side of the deepspeed backend: deepspeed.init_distributed, the engine, its backward and step."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from typing import Any
+
+from hpc_train.runtime.base import BackendRuntime
+
+
+class DeepSpeedRuntime(BackendRuntime):
+    name = "deepspeed"
+
+    def init(self) -> None:
+        import deepspeed
+
+        for key, value in self.env.as_torch_env().items():
+            os.environ.setdefault(key, value)
+        deepspeed.init_distributed(dist_backend=self.dist_backend, auto_mpi_discovery=False,
+                                   init_method="env://", rank=self.env.rank, world_size=self.env.world_size)
+
+    def ds_config(self) -> dict[str, Any]:
+        """The config the job wrote; built from the runtime options when run outside hpc_train's launch."""
+        raw = os.environ.get("HPC_TRAIN_DEEPSPEED_CONFIG_JSON")
+        if raw:
+            return json.loads(raw)
+        from hpc_train_plugins.deepspeed import DeepSpeedOptions, build_ds_config
+
+        options = DeepSpeedOptions.model_validate(self.options.backend_options)
+        return build_ds_config(options, precision=self.options.precision, grad_accum=self.options.grad_accum,
+                               grad_clip=self.options.grad_clip)
+
+    def prepare(self, model: Any, optimizer: Any) -> tuple[Any, Any]:
+        import deepspeed
+
+        config = self.ds_config()
+        model = model.to(self.device)
+        kwargs: dict[str, Any] = {"optimizer": optimizer} if optimizer is not None else {"model_parameters": model.parameters()}
+        engine, optimizer, _, _ = deepspeed.initialize(model=model, config=config, **kwargs)
+        if config.get("bf16", {}).get("enabled") or config.get("fp16", {}).get("enabled"):
+            _cast_float_inputs(engine.module)
+        self.model, self.optimizer = engine, optimizer
+        return engine, optimizer
+
+    def backward(self, loss: Any) -> None:
+        self.model.backward(loss)  # the engine scales for accumulation and fp16 itself
+
+    def step(self) -> bool:
+        boundary = self.model.is_gradient_accumulation_boundary()
+        self.model.step()  # clips, steps and zeroes at boundaries, per the ds_config
+        self.micro_step += 1
+        return bool(boundary)
+
+    def unwrap(self, model: Any) -> Any:
+        return getattr(model, "module", model)
+
+
+def _cast_float_inputs(module: Any) -> None:
+    """The engine holds bf16/fp16 weights; cast floating inputs to match so one script fits all backends."""
+    import torch
+
+    dtype = next(module.parameters()).dtype
+    forward = module.forward
+
+    @functools.wraps(forward)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        cast = lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
+        return forward(*[cast(a) for a in args], **{k: cast(v) for k, v in kwargs.items()})
+
+    module.forward = wrapped

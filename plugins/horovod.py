@@ -1,0 +1,44 @@
+"""Horovod: one MPI rank per GPU (or CPU process) through srun's PMIx; mpirun on the local site."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hpc_train import Backend, LaunchInfo, hookimpl
+from hpc_train_plugins.mpi import MpiLaunched
+
+
+class HorovodOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    pmi: str = Field("pmix", description="srun --mpi plugin")
+    fusion_threshold_mb: int | None = Field(None, ge=0, description="HOROVOD_FUSION_THRESHOLD (tensor fusion buffer)")
+    cycle_time_ms: float | None = Field(None, gt=0, description="HOROVOD_CYCLE_TIME between fusion cycles")
+    fp16_compression: bool = Field(False, description="compress gradients to fp16 for the all-reduce")
+    cpu_operations: Literal["gloo", "mpi"] | None = Field(None, description="HOROVOD_CPU_OPERATIONS")
+    omp_num_threads: int | None = Field(None, ge=1, description="OMP_NUM_THREADS per process (default: CPUs per process)")
+
+
+class Horovod(MpiLaunched):
+    name = "horovod"
+    summary = "Horovod: hvd.DistributedOptimizer over MPI ranks (srun --mpi=pmix, one task per process)"
+    Options = HorovodOptions
+    runtime = "hpc_train_plugins.horovod_runtime:HorovodRuntime"
+    options: HorovodOptions
+
+    def env(self, info: LaunchInfo) -> dict[str, str]:
+        env = super().env(info)
+        if self.options.fusion_threshold_mb is not None:
+            env["HOROVOD_FUSION_THRESHOLD"] = str(self.options.fusion_threshold_mb * 1024 * 1024)
+        if self.options.cycle_time_ms is not None:
+            env["HOROVOD_CYCLE_TIME"] = str(self.options.cycle_time_ms)
+        if self.options.cpu_operations is not None:
+            env["HOROVOD_CPU_OPERATIONS"] = self.options.cpu_operations
+        return env
+
+
+@hookimpl
+def hpc_train_backends() -> list[type[Backend]]:
+    return [Horovod]

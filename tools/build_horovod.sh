@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# Build Horovod 0.28.1 (PyTorch + Gloo + MPI, CPU only) from source into a virtualenv.
+#
+# Usage: tools/build_horovod.sh [VENV_DIR]      (default: <repo root>/.venv)
+#
+# Why from source with a patch: Horovod 0.28.1 (the last release) forces C++14 in its CMake
+# files, but torch >= 2.1 headers need C++17 (upstream issue horovod#3996; the fix, PR #3998,
+# was never released). We download the sdist, switch CMAKE_CXX_STANDARD 14 -> 17 in
+# CMakeLists.txt and horovod/torch/CMakeLists.txt, and build with --no-build-isolation
+# against the torch already installed in the venv.
+#
+# Idempotent: if `import horovod.torch` works and `horovodrun --check-build` shows PyTorch,
+# Gloo and MPI, it says so and exits 0 without touching anything.
+#
+# Preconditions: torch is already installed in VENV_DIR (it is never changed: every pip
+# command here is constrained to the installed torch version). Needs g++ and Open MPI
+# (openmpi-bin libopenmpi-dev); when they are missing and we are root on a Debian-like
+# system they are installed with apt-get (set HOROVOD_BUILD_NO_APT=1 to forbid that).
+# CMake >= 3.13 from PATH, else `pip install cmake` into the venv.
+#
+# Environment knobs:
+#   HOROVOD_BUILD_LOG   build log file (default: VENV_DIR/horovod-build.log)
+#   MAKEFLAGS           default -j2 (Horovod's setup.py would otherwise use -j8)
+#   HOROVOD_BUILD_ARCH_FLAGS  passed through if set; unset lets Horovod probe -march=native
+#   HOROVOD_BUILD_NO_APT=1    never call apt-get
+set -euo pipefail
+
+HOROVOD_VERSION=0.28.1
+
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(dirname "$SCRIPT_DIR")"
+VENV_ARG="${1:-$REPO_ROOT/.venv}"
+
+T_START=$SECONDS
+PHASE_NAME=""
+PHASE_START=$SECONDS
+
+log() { printf '[build_horovod %4ds] %s\n' "$((SECONDS - T_START))" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+phase() {
+    if [[ -n "$PHASE_NAME" ]]; then
+        log "phase '$PHASE_NAME' done in $((SECONDS - PHASE_START))s"
+    fi
+    PHASE_NAME="$1"
+    PHASE_START=$SECONDS
+    log "phase '$PHASE_NAME' ..."
+}
+
+[[ -d "$VENV_ARG" ]] || die "venv dir '$VENV_ARG' does not exist (create it and install torch first)"
+VENV="$(cd "$VENV_ARG" && pwd)"
+PY="$VENV/bin/python"
+[[ -x "$PY" ]] || die "$PY is not an executable python"
+export PATH="$VENV/bin:$PATH"
+
+# Open MPI refuses to run as root unless told; CI runs as root.
+if [[ "$(id -u)" == 0 ]]; then
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+
+# check_build_ok: 0 when `horovodrun --check-build` marks PyTorch (framework) and MPI and Gloo
+# (controllers) with [X]. Prints the check-build output to stderr when $1 == verbose.
+check_build_ok() {
+    local out
+    [[ -x "$VENV/bin/horovodrun" ]] || return 1
+    out="$("$VENV/bin/horovodrun" --check-build 2>&1)" || return 1
+    if [[ "${1:-}" == verbose ]]; then
+        printf '%s\n' "$out" >&2
+    fi
+    # Only look at the "Available Frameworks" and "Available Controllers" sections.
+    printf '%s\n' "$out" | awk '
+        /^Available Frameworks:/  { sec = "fw"; next }
+        /^Available Controllers:/ { sec = "ctl"; next }
+        /^Available/              { sec = ""; next }
+        sec == "fw"  && /\[X\] PyTorch[[:space:]]*$/ { fw_torch = 1 }
+        sec == "ctl" && /\[X\] MPI[[:space:]]*$/     { ctl_mpi = 1 }
+        sec == "ctl" && /\[X\] Gloo[[:space:]]*$/    { ctl_gloo = 1 }
+        END { exit !(fw_torch && ctl_mpi && ctl_gloo) }'
+}
+
+already_built() {
+    "$PY" -c "import horovod.torch" >/dev/null 2>&1 && check_build_ok
+}
+
+phase "check existing install"
+if already_built; then
+    log "horovod is already built with PyTorch, MPI and Gloo in $VENV: nothing to do"
+    echo "horovod already built in $VENV ($("$PY" -c 'import horovod; print(horovod.__version__)'))"
+    exit 0
+fi
+log "no working horovod (PyTorch+MPI+Gloo) in $VENV: building $HOROVOD_VERSION"
+
+BUILD_LOG="${HOROVOD_BUILD_LOG:-$VENV/horovod-build.log}"
+mkdir -p "$(dirname "$BUILD_LOG")"
+: >"$BUILD_LOG"
+log "build log: $BUILD_LOG"
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/build_horovod.XXXXXX")"
+on_exit() {
+    local rc=$?
+    rm -rf "$WORK"
+    if [[ $rc -ne 0 ]]; then
+        log "FAILED in phase '$PHASE_NAME' (exit $rc) after $((SECONDS - T_START))s"
+        if [[ -s "$BUILD_LOG" ]]; then
+            log "last 60 lines of $BUILD_LOG:"
+            tail -n 60 "$BUILD_LOG" >&2
+        fi
+    fi
+}
+trap on_exit EXIT
+
+# run_logged CMD...: run with output appended to the build log (the tail is shown on failure).
+run_logged() {
+    printf '\n+ %s\n' "$*" >>"$BUILD_LOG"
+    "$@" >>"$BUILD_LOG" 2>&1
+}
+
+phase "check toolchain"
+TORCH_VERSION="$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null)" \
+    || die "torch is not importable from $PY: install torch (e.g. torch==2.13.0) first"
+log "torch $TORCH_VERSION in $VENV (pinned for every pip command below)"
+CONSTRAINTS="$WORK/constraints.txt"
+echo "torch==$TORCH_VERSION" >"$CONSTRAINTS"
+# PIP_CONSTRAINT (not -c) so the pin also reaches pip's own sub-invocations.
+export PIP_CONSTRAINT="$CONSTRAINTS"
+PIP=("$PY" -m pip --disable-pip-version-check)
+
+missing_pkgs=()
+command -v g++ >/dev/null 2>&1 || missing_pkgs+=(g++)
+command -v make >/dev/null 2>&1 || missing_pkgs+=(make)
+{ command -v mpirun >/dev/null 2>&1 && command -v mpicxx >/dev/null 2>&1; } \
+    || missing_pkgs+=(openmpi-bin libopenmpi-dev)
+if ((${#missing_pkgs[@]})); then
+    if [[ "$(id -u)" == 0 && "${HOROVOD_BUILD_NO_APT:-0}" != 1 ]] && command -v apt-get >/dev/null 2>&1; then
+        log "installing system packages: ${missing_pkgs[*]}"
+        run_logged apt-get update
+        DEBIAN_FRONTEND=noninteractive run_logged apt-get install -y --no-install-recommends "${missing_pkgs[@]}"
+    else
+        die "missing system packages: ${missing_pkgs[*]} (apt-get install ${missing_pkgs[*]})"
+    fi
+fi
+
+cmake_ok() {
+    local v
+    v="$(cmake --version 2>/dev/null | sed -n 's/^cmake version \([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p')"
+    [[ -n "$v" ]] || return 1
+    # need >= 3.13
+    [[ "${v%%.*}" -gt 3 || ( "${v%%.*}" -eq 3 && "${v#*.}" -ge 13 ) ]]
+}
+
+phase "install build deps"
+BUILD_DEPS=(packaging psutil cloudpickle pyyaml cffi)
+if cmake_ok; then
+    log "using $(command -v cmake) ($(cmake --version | head -n1))"
+else
+    log "no cmake >= 3.13 on PATH: installing cmake from PyPI into the venv"
+    BUILD_DEPS+=(cmake)
+fi
+run_logged "${PIP[@]}" install "${BUILD_DEPS[@]}" "torch==$TORCH_VERSION"
+cmake_ok || die "cmake still not usable after installing build deps"
+
+phase "download sdist"
+run_logged "${PIP[@]}" download --no-deps --no-binary :all: -d "$WORK" "horovod==$HOROVOD_VERSION"
+SDIST="$WORK/horovod-$HOROVOD_VERSION.tar.gz"
+[[ -f "$SDIST" ]] || die "sdist $SDIST not found after pip download"
+tar -xzf "$SDIST" -C "$WORK"
+SRC="$WORK/horovod-$HOROVOD_VERSION"
+[[ -f "$SRC/setup.py" ]] || die "unpacked sdist has no setup.py at $SRC"
+
+phase "patch C++ standard 14 -> 17"
+for f in CMakeLists.txt horovod/torch/CMakeLists.txt; do
+    path="$SRC/$f"
+    n14="$(grep -c 'set(CMAKE_CXX_STANDARD 14)' "$path" || true)"
+    [[ "$n14" -ge 1 ]] || die "pattern 'set(CMAKE_CXX_STANDARD 14)' not found in $f: the sdist changed, refusing to build unpatched"
+    sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/g' "$path"
+    if grep -q 'set(CMAKE_CXX_STANDARD 14)' "$path" || ! grep -q 'set(CMAKE_CXX_STANDARD 17)' "$path"; then
+        die "patching $f failed"
+    fi
+    log "patched $f ($n14 occurrence(s))"
+done
+
+phase "build and install horovod (takes a few minutes)"
+export MAKEFLAGS="${MAKEFLAGS:--j2}"
+log "MAKEFLAGS=$MAKEFLAGS HOROVOD_BUILD_ARCH_FLAGS=${HOROVOD_BUILD_ARCH_FLAGS-<auto: probe -march=native>}"
+HOROVOD_WITH_PYTORCH=1 \
+HOROVOD_WITHOUT_TENSORFLOW=1 \
+HOROVOD_WITHOUT_MXNET=1 \
+HOROVOD_WITH_GLOO=1 \
+HOROVOD_WITH_MPI=1 \
+HOROVOD_CPU_OPERATIONS=gloo \
+    run_logged "${PIP[@]}" install --no-build-isolation --no-cache-dir "$SRC" "torch==$TORCH_VERSION"
+
+phase "verify"
+after="$("$PY" -c 'import torch; print(torch.__version__)')"
+[[ "$after" == "$TORCH_VERSION" ]] || die "torch changed from $TORCH_VERSION to $after"
+"$PY" -c "import horovod.torch" || die "import horovod.torch fails after install"
+check_build_ok verbose || die "horovodrun --check-build does not show PyTorch, MPI and Gloo"
+size="$("$PY" -c "import horovod.torch as hvd; hvd.init(); print(hvd.size())" 2>>"$BUILD_LOG" | tail -n1)" \
+    || die "hvd.init() failed (see $BUILD_LOG)"
+[[ "$size" == 1 ]] || die "hvd.init(); hvd.size() printed '$size', expected 1"
+log "hvd.init() ok, size=$size"
+
+phase "done"
+log "horovod $HOROVOD_VERSION built into $VENV in $((SECONDS - T_START))s"
+echo "horovod $HOROVOD_VERSION built and verified in $VENV"
