@@ -21,7 +21,7 @@ from typing import Any
 import submitit
 from submitit.core.utils import FailedJobError, FailedSubmissionError
 
-from hpc_train.errors import SchedulerError
+from hpc_train.errors import SchedulerError, UsageError
 from hpc_train.handle import JobHandle, JobRecord
 from hpc_train.plan import JobPlan
 
@@ -118,6 +118,14 @@ def submit_plan(
     return JobHandle(record, job)
 
 
+def _make_job_root(plan: JobPlan) -> None:
+    try:
+        Path(plan.job_root).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create the job folder root {plan.job_root}: {exc.strerror or exc}",
+                         hint="set job_root in the site file or --job-root to a writable, shared folder") from None
+
+
 def _submit_slurm(plan: JobPlan, render: Callable[[JobPlan], str], fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     _login_env(plan)
     for tool in ("sbatch", "srun", "sacct"):
@@ -128,6 +136,7 @@ def _submit_slurm(plan: JobPlan, render: Callable[[JobPlan], str], fn: Any, args
         plan.function_command = command if plan.kind == "function" else None
         return render(plan)
 
+    _make_job_root(plan)
     executor = TemplateSlurmExecutor(plan.folder, render_with, python=plan.python)
     params: dict[str, Any] = {"nodes": plan.nodes, "ntasks_per_node": plan.tasks_per_node}
     if plan.time_seconds:
@@ -166,6 +175,7 @@ def _detached_stdio() -> Iterator[None]:
 
 
 def _submit_local(plan: JobPlan, render: Callable[[JobPlan], str], fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    _make_job_root(plan)
     executor = submitit.LocalExecutor(plan.folder, python=plan.python)
     timeout_min = plan.time_seconds // 60 if plan.time_seconds else DEFAULT_LOCAL_TIMEOUT_MIN
     if plan.kind == "function":

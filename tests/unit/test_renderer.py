@@ -17,7 +17,7 @@ from hpc_train.shell import quote, sbatch_line
 from tests.conftest import write
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
-BACKENDS = ["torchrun"]
+BACKENDS = ["torchrun", "deepspeed", "horovod", "mpi"]
 SITES = {
     "local": {"procs_per_node": 2},
     "sandbox": {"nodes": 2},
