@@ -63,6 +63,8 @@ cluster-status:
 
 bench: install
 	$(PY) bench/cli_latency.py
+	$(PY) bench/runtime_overhead.py
+	$(PY) bench/runtime_overhead.py --hidden 1024
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache

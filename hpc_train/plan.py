@@ -149,6 +149,11 @@ def build_plan(
         problem("nccl_profile", f"site {site.name!r} has no NCCL profile {job.nccl_profile!r}",
                 did_you_mean(job.nccl_profile, site.nccl_profiles, "profile"))
 
+    if (job.container or job.container_image) and site.container.runtime == "none":
+        problem("container", f"site {site.name!r} has no container runtime (container.runtime in the site file)")
+    elif job.container and not (job.container_image or site.container.image):
+        problem("container", f"site {site.name!r} names no container image; give one with --container-image")
+
     # --- site policy from plugins --------------------------------------------------------
     for message in plugins.validate_job(job, site):
         problem("", message, source=f"site policy ({site.name})")

@@ -89,7 +89,8 @@ def container_words(plan: JobPlan) -> list[str]:
     """Words between srun and the launch line that put each task in the site's container."""
     container = plan.site.container
     image = plan.job.container_image or container.image
-    if container.runtime == "none" or not image:
+    wanted = plan.job.container if plan.job.container is not None else (container.enabled or bool(plan.job.container_image))
+    if not wanted or container.runtime == "none" or not image:
         return []
     if container.runtime == "pyxis":
         words = [f"--container-image={image}"]

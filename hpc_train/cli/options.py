@@ -19,6 +19,8 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--nccl-profile", help="NCCL/fabric profile from the site file")
     g.add_argument("--env", "-e", action="append", default=[], metavar="NAME=VALUE", help="environment variable (repeatable)")
     g.add_argument("--python", help="python on the compute nodes (default: this interpreter)")
+    g.add_argument("--container", action=argparse.BooleanOptionalAction, default=None,
+                   help="run every task in the site's container image (--no-container: never)")
     g.add_argument("--container-image", help="run every task in this image (site's container runtime)")
     g.add_argument("--workdir", help="working directory of the job (default: here)")
     g.add_argument("--job-root", help="folder for job folders (default: the site's job_root)")
@@ -94,6 +96,7 @@ def job_options(args: argparse.Namespace) -> dict[str, Any]:
         "sbatch": sbatch,
         "job_root": args.job_root,
         "python": args.python,
+        "container": args.container,
         "container_image": args.container_image,
         "workdir": args.workdir,
         "precision": args.precision,

@@ -41,7 +41,8 @@ class JobSpec(Model):
     sbatch: dict[str, SbatchValue] = Field(default_factory=dict, description="extra #SBATCH options")
     job_root: str | None = Field(None, description="folder for job folders; default: the site's job_root")
     python: str | None = Field(None, description="python on the compute nodes")
-    container_image: str | None = None
+    container: bool | None = Field(None, description="run in the site's container (default: the site's 'enabled')")
+    container_image: str | None = Field(None, description="run in this image (implies container)")
     workdir: str | None = Field(None, description="working directory of the job; default: where you submit from")
     # training options, read inside the job by hpc_train.runtime (every backend)
     precision: Literal["fp32", "bf16", "fp16"] | None = None

@@ -67,9 +67,10 @@ class Partition(Model):
 
 
 class Container(Model):
-    """Run every task inside a container image."""
+    """Run every task inside a container image: always (enabled), or when a job asks (--container)."""
 
     runtime: Literal["none", "apptainer", "singularity", "pyxis"] = "none"
+    enabled: bool = Field(False, description="every job runs in the image unless it says --no-container")
     image: str | None = None
     mounts: list[str] = Field(default_factory=list, description="host:container bind mounts")
     options: list[str] = Field(default_factory=list, description="extra flags for the container runtime")

@@ -104,3 +104,11 @@ def test_every_hookspec_is_typed_and_says_how_results_combine():
         assert any(word in doc for word in ("concatenated", "collected", "first non-None", "Merged", "merged",
                                              "searched", "ignored", "Precedence")), spec.__name__
         assert "return" in spec.__annotations__, spec.__name__
+
+
+def test_the_core_never_imports_the_builtin_plugins():
+    from tests.conftest import REPO
+
+    offenders = [str(p.relative_to(REPO)) for p in (REPO / "hpc_train").rglob("*.py")
+                 if "hpc_train_plugins" in p.read_text()]
+    assert offenders == [], f"core modules import plugins/: {offenders}"

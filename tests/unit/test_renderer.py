@@ -10,7 +10,7 @@ import pytest
 
 from hpc_train.api import make_job
 from hpc_train.config.loader import load_site
-from hpc_train.errors import TemplateError
+from hpc_train.errors import ConfigError, TemplateError
 from hpc_train.plan import build_plan
 from hpc_train.renderer import render
 from hpc_train.shell import quote, sbatch_line
@@ -132,8 +132,18 @@ def test_missing_template_says_where_it_looked(plugins, alice, site_dir):
 
 
 def test_container_wraps_each_task(plugins, alice, site_dir):
-    write(site_dir / "box.yaml", "extends: generic-slurm\ncontainer:\n  runtime: apptainer\n  image: /img/pt.sif\n  mounts: [/data:/data]\n")
+    write(site_dir / "box.yaml", "extends: generic-slurm\ncontainer:\n  runtime: apptainer\n  enabled: true\n  image: /img/pt.sif\n  mounts: [/data:/data]\n")
+    assert "apptainer" not in render_job(plugins, "box", container=False)
     text = render_job(plugins, "box")
     assert "apptainer exec --bind /data:/data /img/pt.sif /opt/venv/bin/python -m torch.distributed.run" in text
     write(site_dir / "pyx.yaml", "extends: generic-slurm\ncontainer:\n  runtime: pyxis\n  image: nvcr.io#nvidia/pytorch:24.05-py3\n")
-    assert "'--container-image=nvcr.io#nvidia/pytorch:24.05-py3'" in render_job(plugins, "pyx")
+    assert "container-image" not in render_job(plugins, "pyx")  # opt-in site: not unless asked
+    assert "'--container-image=nvcr.io#nvidia/pytorch:24.05-py3'" in render_job(plugins, "pyx", container=True)
+
+
+def test_bluecloud_ngc_container_is_opt_in(plugins, alice):
+    assert "apptainer" not in render_job(plugins, "bluecloud")
+    text = render_job(plugins, "bluecloud", container=True)
+    assert "apptainer exec --nv --bind /shared/datasets:/datasets --bind /shared/checkpoints:/checkpoints /shared/containers/nvcr-pytorch-24.05.sif" in text
+    with pytest.raises(ConfigError, match="has no container runtime"):
+        render_job(plugins, "sandbox", container_image="x.sif")
