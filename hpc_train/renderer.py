@@ -17,7 +17,7 @@ from hpc_train import __version__
 from hpc_train._resources import builtin_dir
 from hpc_train.errors import Problem, TemplateError
 from hpc_train.plan import JobPlan
-from hpc_train.shell import join, quote, sbatch_line
+from hpc_train.shell import join, join_lines, quote, sbatch_line
 
 
 @functools.cache
@@ -39,6 +39,7 @@ def environment(template_dirs: tuple[str, ...] = ()) -> jinja2.Environment:
     )
     env.filters["q"] = quote
     env.filters["shjoin"] = join
+    env.globals["shlines"] = join_lines
     return env
 
 

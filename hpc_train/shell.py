@@ -49,3 +49,9 @@ def sbatch_line(key: str, value: object) -> str:
         # earlier with a friendly message; this is the last line of defence.
         raise ValueError(f"#SBATCH --{key} value contains a control character: {text!r}")
     return f"#SBATCH --{key}={shlex.quote(text)}"
+
+
+def join_lines(*groups: Iterable[object]) -> str:
+    """Quoted words, one non-empty group per line, joined by line continuations (readable launch lines)."""
+    lines = [join(group) for group in groups]
+    return " \\\n    ".join(line for line in lines if line)

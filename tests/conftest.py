@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster.pytest_sandbox import sandbox_job_root, slurm_cluster  # noqa: F401  (fixtures for e2e tests)
+
 REPO = Path(__file__).resolve().parent.parent
 
 

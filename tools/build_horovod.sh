@@ -20,7 +20,7 @@
 #
 # Environment knobs:
 #   HOROVOD_BUILD_LOG   build log file (default: VENV_DIR/horovod-build.log)
-#   MAKEFLAGS           default -j2 (Horovod's setup.py would otherwise use -j8)
+#   HOROVOD_BUILD_JOBS  parallel compile jobs, default 2 (Horovod's setup.py would otherwise use -j8)
 #   HOROVOD_BUILD_ARCH_FLAGS  passed through if set; unset lets Horovod probe -march=native
 #   HOROVOD_BUILD_NO_APT=1    never call apt-get
 set -euo pipefail
@@ -179,7 +179,8 @@ for f in CMakeLists.txt horovod/torch/CMakeLists.txt; do
 done
 
 phase "build and install horovod (takes a few minutes)"
-export MAKEFLAGS="${MAKEFLAGS:--j2}"
+# not ${MAKEFLAGS:-...}: under make (make horovod) MAKEFLAGS is make's own ("w -- VAR=..."), without -j
+export MAKEFLAGS="-j${HOROVOD_BUILD_JOBS:-2}"
 log "MAKEFLAGS=$MAKEFLAGS HOROVOD_BUILD_ARCH_FLAGS=${HOROVOD_BUILD_ARCH_FLAGS-<auto: probe -march=native>}"
 HOROVOD_WITH_PYTORCH=1 \
 HOROVOD_WITHOUT_TENSORFLOW=1 \

@@ -161,7 +161,7 @@ class SandboxCluster:
             proc = subprocess.run(cmd if shell else [str(c) for c in cmd], shell=shell,
                                   env=full_env, cwd=cwd, stdin=subprocess.DEVNULL,
                                   capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired as exc:
+        except subprocess.TimeoutExpired:
             raise RuntimeError(f"command timed out after {timeout}s: {shown}") from None
         if check and proc.returncode != 0:
             raise RuntimeError(

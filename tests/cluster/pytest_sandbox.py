@@ -1,5 +1,4 @@
-"""pytest fixtures for the local Slurm sandbox; re-exported by tests/e2e/conftest.py and
-tests/cluster/conftest.py (both load this file by path, so no package/rootdir setup is needed).
+"""pytest fixtures for the local Slurm sandbox, registered for the whole suite by tests/conftest.py.
 
 Fixtures:
   slurm_cluster     session scope: brings the sandbox up, exports SLURM_CONF for the session,
@@ -16,36 +15,19 @@ the point of the harness, and a silent skip in CI would hide a broken setup.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-_HERE = Path(__file__).resolve().parent
 
 
-def _load_harness():
-    name = "hpc_train_sandbox_harness"
-    mod = sys.modules.get(name)
-    if mod is None:
-        spec = importlib.util.spec_from_file_location(name, _HERE / "harness.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        try:
-            spec.loader.exec_module(mod)
-        except BaseException:
-            del sys.modules[name]
-            raise
-    return mod
+from tests.cluster import harness  # noqa: E402
 
-
-harness = _load_harness()
 SandboxCluster = harness.SandboxCluster
 
 # shared by every conftest that re-exports these fixtures, so one pytest session starts and

@@ -47,4 +47,5 @@ export MASTER_PORT=$(( 29500 + SLURM_JOB_ID % 2000 ))
 cd /home/alice/project
 
 # launch
-srun --nodes=4 --ntasks-per-node=8 --kill-on-bad-exit=1 --unbuffered --output=/home/alice/hpc_train/jobs/%j/%j_%t_log.out --error=/home/alice/hpc_train/jobs/%j/%j_%t_log.err --mpi=pmix /opt/venv/bin/python -m hpc_train.runtime.launch -- /home/alice/project/train.py --lr 1e-4
+srun --nodes=4 --ntasks-per-node=8 --kill-on-bad-exit=1 --unbuffered --output=/home/alice/hpc_train/jobs/%j/%j_%t_log.out --error=/home/alice/hpc_train/jobs/%j/%j_%t_log.err --mpi=pmix \
+    /opt/venv/bin/python -m hpc_train.runtime.launch -- /home/alice/project/train.py --lr 1e-4

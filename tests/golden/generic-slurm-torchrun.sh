@@ -29,4 +29,5 @@ export MASTER_PORT=$(( 29500 + SLURM_JOB_ID % 2000 ))
 cd /home/alice/project
 
 # launch
-srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 --unbuffered --output=/home/alice/hpc_train/jobs/%j/%j_%t_log.out --error=/home/alice/hpc_train/jobs/%j/%j_%t_log.err /opt/venv/bin/python -m torch.distributed.run --nnodes=2 --rdzv-backend=c10d --rdzv-endpoint="${MASTER_ADDR}:${MASTER_PORT}" --rdzv-id="${SLURM_JOB_ID}" --rdzv-conf=timeout=900 --nproc-per-node=4 --max-restarts=0 /home/alice/project/train.py --lr 1e-4
+srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 --unbuffered --output=/home/alice/hpc_train/jobs/%j/%j_%t_log.out --error=/home/alice/hpc_train/jobs/%j/%j_%t_log.err \
+    /opt/venv/bin/python -m torch.distributed.run --nnodes=2 --rdzv-backend=c10d --rdzv-endpoint="${MASTER_ADDR}:${MASTER_PORT}" --rdzv-id="${SLURM_JOB_ID}" --rdzv-conf=timeout=900 --nproc-per-node=4 --max-restarts=0 /home/alice/project/train.py --lr 1e-4

@@ -36,7 +36,7 @@ def test_tasks_per_node(plugins, backend, tasks):
 def test_mpi_style_backends_use_pmix_and_the_shim(plugins):
     for backend in ("mpi", "horovod"):
         text = render(plan(plugins, backend, procs_per_node=2), ())
-        assert "--mpi=pmix /opt/venv/bin/python -m hpc_train.runtime.launch -- /home/alice/project/train.py" in text
+        assert "--mpi=pmix \\\n    /opt/venv/bin/python -m hpc_train.runtime.launch -- /home/alice/project/train.py" in text
         local = render(plan(plugins, backend, site="local", nodes=1, procs_per_node=2), ())
         assert "mpirun --oversubscribe --bind-to none -np 2 /opt/venv/bin/python -m hpc_train.runtime.launch" in local
 

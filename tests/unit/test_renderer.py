@@ -135,7 +135,7 @@ def test_container_wraps_each_task(plugins, alice, site_dir):
     write(site_dir / "box.yaml", "extends: generic-slurm\ncontainer:\n  runtime: apptainer\n  enabled: true\n  image: /img/pt.sif\n  mounts: [/data:/data]\n")
     assert "apptainer" not in render_job(plugins, "box", container=False)
     text = render_job(plugins, "box")
-    assert "apptainer exec --bind /data:/data /img/pt.sif /opt/venv/bin/python -m torch.distributed.run" in text
+    assert "\\\n    apptainer exec --bind /data:/data /img/pt.sif \\\n    /opt/venv/bin/python -m torch.distributed.run" in text
     write(site_dir / "pyx.yaml", "extends: generic-slurm\ncontainer:\n  runtime: pyxis\n  image: nvcr.io#nvidia/pytorch:24.05-py3\n")
     assert "container-image" not in render_job(plugins, "pyx")  # opt-in site: not unless asked
     assert "'--container-image=nvcr.io#nvidia/pytorch:24.05-py3'" in render_job(plugins, "pyx", container=True)
