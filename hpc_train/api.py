@@ -49,7 +49,9 @@ def site_registry(plugins: Plugins) -> SiteRegistry:
 def resolve_site(name: str | None, plugins: Plugins) -> ResolvedSite:
     if name is None:
         name = plugins.detect_site(hostname=socket.gethostname(), environ=dict(os.environ))
-    return site_registry(plugins).load(name)
+    registry = site_registry(plugins)
+    plugins.check_site(name, registry.sources)  # a site from a plugin that failed to load is an error
+    return registry.load(name)
 
 
 def plan_job(
@@ -74,7 +76,7 @@ def render_plan(plan: JobPlan, plugins: Plugins | None = None) -> str:
     from hpc_train.renderer import render as render_template
 
     plugins = plugins or default_plugins()
-    return render_template(plan, plugins.template_dirs())
+    return render_template(plan, plugins.template_dirs(plan.site))
 
 
 def render(script: str | os.PathLike[str], *script_args: str, plugins: Plugins | None = None, **options: Any) -> str:

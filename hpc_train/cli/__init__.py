@@ -28,7 +28,42 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(f"hpc_train.cli.{name}_cmd")
         command = module.register(sub)
         command.set_defaults(_run=module.run)
+    add_plugin_commands(sub)
     return parser
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def add_plugin_commands(sub: argparse._SubParsersAction) -> None:
+    """Subcommands from ``hpc_train_cli_commands``; a broken plugin is a warning, never a broken CLI."""
+    try:
+        from hpc_train.plugins import default_plugins
+
+        commands = default_plugins().cli_commands(on_error=_warn)
+    except Exception as exc:  # the built-in commands (plugins, sites) must stay usable to diagnose it
+        _warn(f"plugin commands are unavailable: {type(exc).__name__}: {exc}")
+        return
+    owners: dict[str, str] = {}
+    for owner, command in commands:
+        name = command.name
+        if name in sub.choices:
+            taken_by = f"plugin {owners[name]!r}" if name in owners else "a built-in command"
+            _warn(f"plugin {owner!r}: command {name!r} is already provided by {taken_by}; skipped "
+                  f"(HPC_TRAIN_DISABLE_PLUGINS={owner} switches the plugin off)")
+            continue
+        try:
+            parser = command.register(sub)
+            if sub.choices.get(name) is not parser:
+                raise TypeError(f"register() must return the parser it added as {name!r}")
+            parser.set_defaults(_run=command.run)
+        except Exception as exc:
+            sub.choices.pop(name, None)
+            sub._choices_actions[:] = [a for a in sub._choices_actions if a.dest != name]  # its --help line
+            _warn(f"plugin {owner!r}: could not add command {name!r}: {type(exc).__name__}: {exc}")
+            continue
+        owners[name] = owner
 
 
 def split_script_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:

@@ -15,7 +15,8 @@ def run(args: argparse.Namespace) -> int:
     from hpc_train.errors import HpcTrainError
     from hpc_train.plugins import default_plugins
 
-    registry = site_registry(default_plugins())
+    plugins = default_plugins()
+    registry = site_registry(plugins)
     rows = []
     for name, source in sorted(registry.sources.items()):
         try:
@@ -31,4 +32,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{'':<{width}}  {'':<5}  {path} ({origin})")
     for shadowed, winner in registry.shadowed:
         print(f"note: {display_path(shadowed.path)} is hidden by {display_path(winner.path)}")
+    for failure in plugins.failures:
+        lost = f"; its sites are unavailable: {', '.join(failure.sites)}" if failure.sites else ""
+        print(f"note: {failure.origin} failed to load ({failure.error}){lost}")
     return 0
