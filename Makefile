@@ -65,6 +65,7 @@ bench: install
 	$(PY) bench/cli_latency.py
 	$(PY) bench/runtime_overhead.py
 	$(PY) bench/runtime_overhead.py --hidden 1024
+	$(PY) bench/checkpoint.py
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache

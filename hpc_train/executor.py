@@ -113,6 +113,7 @@ def submit_plan(
         job_name=plan.job_name,
         slurm_conf=os.environ.get("SLURM_CONF") if plan.scheduler == "slurm" else None,
         submitted_at=time.time(),
+        release_held=plan.release_held and plan.requeue,
     )
     record.save()
     return JobHandle(record, job)

@@ -30,6 +30,8 @@ def follow(handle: JobHandle, rank: int = 0, stream: str = "stdout", out: TextIO
         if now - last_state_check >= state_every_s:
             last_state_check = now
             state = handle.state
+            if state == "PENDING":
+                handle.release_if_held()
             if state not in ACTIVE_STATES:
                 # the last lines can land after the state changes; read once more
                 time.sleep(poll_s)

@@ -46,6 +46,7 @@ class JobRecord:
     job_name: str
     slurm_conf: str | None = None
     submitted_at: float = 0.0
+    release_held: bool = False
 
     @property
     def num_tasks(self) -> int:
@@ -168,13 +169,38 @@ class JobHandle:
     def done(self) -> bool:
         return self.state not in ACTIVE_STATES
 
+    @property
+    def runs(self) -> int:
+        """How many times the job has started (1 + its requeues), counted by the job itself."""
+        try:
+            return int((Path(self.record.folder) / "runs").read_text().strip() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.record.folder) / "checkpoints"
+
+    def release_if_held(self) -> bool:
+        """A requeued job waits ~2 minutes (BeginTime); start it now where the site allows it."""
+        if not self.record.release_held or self.record.scheduler != "slurm":
+            return False
+        info = self._controller_info()
+        if info.get("JobState") != "PENDING" or info.get("Reason") != "BeginTime":
+            return False
+        out = subprocess.run(["scontrol", "update", f"JobId={self.job_id}", "StartTime=now"],
+                             capture_output=True, text=True, timeout=30)
+        return out.returncode == 0
+
     def wait(self, poll_s: float = 1.0, timeout_s: float | None = None) -> str:
-        """Block until the job ends; return its final state."""
+        """Block until the job ends (through its requeues); return its final state."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             state = self.state
             if state not in ACTIVE_STATES:
                 return state
+            if state == "PENDING":
+                self.release_if_held()
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"job {self.job_id} still {state} after {timeout_s} s")
             time.sleep(poll_s)

@@ -57,6 +57,12 @@ class JobPlan:
     env: list[EnvVar]
     nccl_profile: str | None
     launch: list[Word]
+    requeue: bool = False
+    max_restarts: int = 0
+    signal: str = "USR2"
+    signal_grace: int = 120
+    on_failure: str = "fail"
+    release_held: bool = False
     srun_args: list[Word] = field(default_factory=list)
     backend_setup: list[str] = field(default_factory=list)
     backend_cleanup: list[str] = field(default_factory=list)
@@ -154,6 +160,15 @@ def build_plan(
     elif job.container and not (job.container_image or site.container.image):
         problem("container", f"site {site.name!r} names no container image; give one with --container-image")
 
+    policy = site.requeue
+    requeue = site.scheduler == "slurm" and (job.requeue if job.requeue is not None else policy.enabled)
+    grace = job.signal_grace or policy.grace_seconds
+    if job.requeue and site.scheduler != "slurm":
+        problem("requeue", f"site {site.name!r} runs on this machine; only Slurm sites requeue")
+    if requeue and time_seconds is not None and grace >= time_seconds:
+        problem("signal_grace", f"the warning ({grace} s before the limit) must come after the job starts "
+                f"(time limit {format_slurm_time(time_seconds)})")
+
     # --- site policy from plugins --------------------------------------------------------
     for message in plugins.validate_job(job, site):
         problem("", message, source=f"site policy ({site.name})")
@@ -210,6 +225,13 @@ def build_plan(
         "HPC_TRAIN_ACTIVATION_CHECKPOINTING": None if job.activation_checkpointing is None else str(int(job.activation_checkpointing)),
     }
     put({k: v for k, v in training.items() if v is not None}, "job")
+    checkpointing = {
+        "HPC_TRAIN_CHECKPOINT_EVERY": job.checkpoint_every,
+        "HPC_TRAIN_KEEP_CHECKPOINTS": job.keep_checkpoints,
+        "HPC_TRAIN_ASYNC_CHECKPOINT": None if job.async_checkpoint is None else int(job.async_checkpoint),
+        "HPC_TRAIN_EXACT_RESUME": None if job.exact_resume is None else int(job.exact_resume),
+    }
+    put({k: str(v) for k, v in checkpointing.items() if v is not None}, "job")
     put(dict(job.env), "job")
     put({
         "HPC_TRAIN_SITE": site.name,
@@ -237,8 +259,10 @@ def build_plan(
             directives["time"] = format_slurm_time(time_seconds)
         if gpus > 0:
             directives["gres"] = f"gpu:{part.gpu_type}:{gpus}" if part.gpu_type else f"gpu:{gpus}"
-        if site.requeue.enabled:
+        if requeue:
+            # B: -> only the batch shell gets the warning; it tells the ranks through a file
             directives["requeue"] = True
+            directives["signal"] = f"B:{policy.signal}@{grace}"
         for key in ("cpus_per_task", "mem", "account", "qos", "reservation", "constraint"):
             value = getattr(job, key)
             if key == "constraint" and value is None:
@@ -278,6 +302,12 @@ def build_plan(
         env=sorted(env.values(), key=lambda e: e.name),
         nccl_profile=profile,
         launch=launch,
+        requeue=requeue,
+        max_restarts=job.max_restarts if job.max_restarts is not None else policy.max_restarts,
+        signal=policy.signal,
+        signal_grace=grace,
+        on_failure=job.on_failure or policy.on_failure,
+        release_held=policy.release_held,
         srun_args=srun_args,
         backend_setup=setup_lines,
         backend_cleanup=cleanup_lines,

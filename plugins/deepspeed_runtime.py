@@ -56,6 +56,19 @@ class DeepSpeedRuntime(BackendRuntime):
     def unwrap(self, model: Any) -> Any:
         return getattr(model, "module", model)
 
+    def checkpoint_state(self) -> dict[str, Any] | None:
+        return None  # the engine holds model, optimizer and loss scale, sharded across ranks
+
+    def write_engine_state(self, folder: str) -> None:
+        # every rank must call save_checkpoint (rank 0 alone hangs)
+        self.model.save_checkpoint(folder, tag="engine")
+
+    def load_checkpoint_state(self, state: dict[str, Any] | None, folder: str) -> None:
+        path, _ = self.model.load_checkpoint(folder, tag="engine", load_optimizer_states=True,
+                                             load_lr_scheduler_states=True)
+        if path is None:
+            raise RuntimeError(f"DeepSpeed found no engine checkpoint in {folder}")
+
 
 def _cast_float_inputs(module: Any) -> None:
     """The engine holds bf16/fp16 weights; cast floating inputs to match so one script fits all backends."""

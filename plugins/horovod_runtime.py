@@ -62,3 +62,6 @@ class HorovodRuntime(BackendRuntime):
 
     def barrier(self) -> None:
         self.hvd.barrier()
+
+    def gather_object(self, obj: Any) -> list[Any]:
+        return self.hvd.allgather_object(obj)

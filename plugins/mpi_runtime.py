@@ -69,3 +69,11 @@ class MpiRuntime(BackendRuntime):
 
     def barrier(self) -> None:
         self.comm.Barrier()
+
+    def any_rank(self, flag: bool) -> bool:
+        from mpi4py import MPI
+
+        return self.comm.allreduce(int(flag), op=MPI.SUM) > 0
+
+    def gather_object(self, obj: Any) -> list[Any]:
+        return self.comm.allgather(obj)

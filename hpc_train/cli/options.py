@@ -31,6 +31,18 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--comm-hook", choices=["none", "fp16", "bf16", "powersgd"], help="DDP gradient compression")
     t.add_argument("--activation-checkpointing", action="store_true", default=None,
                    help="recompute activations in backward (less memory)")
+    c = parser.add_argument_group("preemption, time limits and checkpoints")
+    c.add_argument("--requeue", action=argparse.BooleanOptionalAction, default=None,
+                   help="save and requeue before the time limit or on the warning signal (default: the site's)")
+    c.add_argument("--max-restarts", type=int, metavar="N", help="requeues allowed before the job stops for good")
+    c.add_argument("--signal-grace", type=int, metavar="SECONDS", help="warning this long before the time limit")
+    c.add_argument("--on-failure", choices=["fail", "requeue"], help="a crashed run: fail, or requeue within the budget")
+    c.add_argument("--checkpoint-every", type=int, metavar="N", help="save every N steps")
+    c.add_argument("--keep-checkpoints", type=int, metavar="K", help="complete checkpoints to keep (default 2)")
+    c.add_argument("--async-checkpoint", action=argparse.BooleanOptionalAction, default=None,
+                   help="write periodic checkpoints in the background")
+    c.add_argument("--exact-resume", action=argparse.BooleanOptionalAction, default=None,
+                   help="fix DDP's gradient buckets so resumed runs are bit-identical (default on)")
     r = parser.add_argument_group("resources")
     r.add_argument("--nodes", "-N", type=int, default=1, help="nodes (default: 1)")
     r.add_argument("--procs-per-node", type=int, help="processes per node (default: GPUs per node, 1 on CPU)")
@@ -104,5 +116,13 @@ def job_options(args: argparse.Namespace) -> dict[str, Any]:
         "grad_accum": args.grad_accum,
         "comm_hook": args.comm_hook,
         "activation_checkpointing": args.activation_checkpointing,
+        "requeue": args.requeue,
+        "max_restarts": args.max_restarts,
+        "signal_grace": args.signal_grace,
+        "on_failure": args.on_failure,
+        "checkpoint_every": args.checkpoint_every,
+        "keep_checkpoints": args.keep_checkpoints,
+        "async_checkpoint": args.async_checkpoint,
+        "exact_resume": args.exact_resume,
     }
     return {k: v for k, v in options.items() if v is not None}

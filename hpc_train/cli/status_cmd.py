@@ -31,13 +31,15 @@ def run(args: argparse.Namespace) -> int:
         "node_list": info.get("NodeList", ""),
         "elapsed": info.get("Elapsed", ""),
         "exit_code": info.get("ExitCode", ""),
+        "runs": handle.runs,
         "folder": str(handle.folder),
         "log": str(handle.log_path(0)),
     }
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
-    print(f"job {handle.job_id}: {state}")
+    runs = handle.runs
+    print(f"job {handle.job_id}: {state}" + (f" (run {runs}, {runs - 1} restart{'s' if runs != 2 else ''})" if runs > 1 else ""))
     for key in ("site", "backend", "kind", "nodes", "procs_per_node", "node_list", "elapsed", "exit_code", "folder", "log"):
         if data[key] not in ("", None):
             print(f"  {key.replace('_', ' ')}: {data[key]}")

@@ -50,6 +50,15 @@ class JobSpec(Model):
     grad_accum: int | None = Field(None, ge=1, description="micro-batches per optimizer step")
     comm_hook: Literal["none", "fp16", "bf16", "powersgd"] | None = Field(None, description="DDP gradient compression")
     activation_checkpointing: bool | None = None
+    # preemption and time limits (defaults: the site's requeue policy)
+    requeue: bool | None = Field(None, description="save and requeue before the limit / on the warning signal")
+    max_restarts: int | None = Field(None, ge=0)
+    signal_grace: int | None = Field(None, ge=10, description="seconds of warning before the time limit")
+    on_failure: Literal["fail", "requeue"] | None = None
+    checkpoint_every: int | None = Field(None, ge=1, description="save every N steps (ckpt.step)")
+    keep_checkpoints: int | None = Field(None, ge=1, description="how many complete checkpoints to keep")
+    async_checkpoint: bool | None = Field(None, description="write periodic checkpoints in the background")
+    exact_resume: bool | None = Field(None, description="fixed DDP gradient buckets so a resumed run is bit-identical")
 
     _env_names = field_validator("env")(_check_env_names)
 

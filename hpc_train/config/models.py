@@ -79,10 +79,12 @@ class Container(Model):
 class Requeue(Model):
     """How the site treats preemption and time limits."""
 
-    enabled: bool = False
-    signal: Literal["USR1", "USR2", "TERM", "INT", "HUP"] = "USR2"
-    grace_seconds: int = Field(120, ge=10)
-    max_restarts: int = Field(3, ge=0)
+    enabled: bool = Field(False, description="jobs save and requeue themselves before the limit or on preemption")
+    signal: Literal["USR1", "USR2", "TERM", "INT", "HUP"] = Field("USR2", description="the warning signal (USR1 can be taken by NCCL)")
+    grace_seconds: int = Field(120, ge=10, description="how long before the time limit the warning comes")
+    max_restarts: int = Field(3, ge=0, description="requeues a job may have before it stops for good")
+    on_failure: Literal["fail", "requeue"] = Field("fail", description="a run that crashes: fail the job, or requeue it (within the budget)")
+    release_held: bool = Field(False, description="submit --wait and wait() release a requeued job at once instead of after Slurm's ~2 min hold")
 
 
 class SiteConfig(Model):

@@ -94,6 +94,8 @@ class BackendRuntime:
 
         ids = [self.device.index] if self.device.type == "cuda" else None
         ddp = DDP(model, device_ids=ids)
+        if self.options.exact_resume:
+            _fix_bucket_layout(ddp)
         self._register_comm_hook(ddp)
         return ddp
 
@@ -175,8 +177,69 @@ class BackendRuntime:
         if self.env.world_size > 1 and dist.is_initialized():
             dist.barrier()
 
+    def any_rank(self, flag: bool) -> bool:
+        """True on every rank if it is true on any rank (one small all-reduce)."""
+        if self.env.world_size == 1:
+            return flag
+        import torch
+
+        return bool(self.all_reduce(torch.tensor([int(flag)], dtype=torch.int32)).item() > 0)
+
+    def gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order (on every rank)."""
+        if self.env.world_size == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.env.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    @property
+    def at_accumulation_boundary(self) -> bool:
+        return self.micro_step % self.options.grad_accum == 0
+
+    def checkpoint_state(self) -> dict[str, Any] | None:
+        """Rank 0's model, optimizer and scaler state (None elsewhere: replicas are identical)."""
+        if self.env.rank != 0:
+            return None
+        return {
+            "model": self.unwrap(self.model).state_dict(),
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+        }
+
+    def write_engine_state(self, folder: str) -> None:
+        """For backends whose state lives on every rank (DeepSpeed): all ranks write here."""
+
+    def load_checkpoint_state(self, state: dict[str, Any] | None, folder: str) -> None:
+        if state is None:
+            return
+        self.unwrap(self.model).load_state_dict(state["model"])
+        if self.optimizer is not None and state.get("optimizer") is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler is not None and state.get("scaler") is not None:
+            self.scaler.load_state_dict(state["scaler"])
+
     def unwrap(self, model: Any) -> Any:
         return getattr(model, "module", model)
+
+
+def _fix_bucket_layout(ddp: Any) -> None:
+    """Give DDP its final gradient-bucket layout now, instead of after the first iteration.
+
+    DDP reduces the first iteration in one bucket, then rebuilds its buckets in the order gradients
+    became ready. Where a bucket boundary falls decides how each gradient is summed across ranks, so a
+    run resumed from a checkpoint (first iteration again: one bucket) would differ from an
+    uninterrupted one in the last bit. A layout fixed at construction is the same in every run. It
+    follows parameter order, so for models larger than one bucket (25 MB) DDP overlaps less of the
+    communication with backward: turn it off (--no-exact-resume) where that matters more.
+    """
+    reducer = ddp.reducer
+    if hasattr(reducer, "_push_all_rebuilt_params") and hasattr(reducer, "_rebuild_buckets"):
+        reducer._push_all_rebuilt_params()
+        reducer._rebuild_buckets()
 
 
 def _autocast_forward(model: Any, autocast: Any) -> None:

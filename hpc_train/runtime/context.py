@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from hpc_train.runtime.base import BackendRuntime, apply_activation_checkpointing
-from hpc_train.runtime.data import DistributedLoader
+from hpc_train.runtime.checkpoint import Checkpointer
+from hpc_train.runtime.data import DistributedLoader, batches
 from hpc_train.runtime.environment import DistEnv, detect
 from hpc_train.runtime.options import RuntimeOptions
 
@@ -58,6 +60,19 @@ class Context:
         """This rank's shard of ``dataset``; each pass is a new, consistently shuffled epoch."""
         return DistributedLoader(dataset, batch_size, self.env.rank, self.env.world_size, shuffle=shuffle, seed=seed,
                                  drop_last=drop_last, **loader_kwargs)
+
+    def batches(self, loader: DistributedLoader, start: int = 0) -> Iterator[Any]:
+        """Batches epoch after epoch without end, from overall batch ``start`` (what restore() returned)."""
+        return batches(loader, start)
+
+    def checkpointer(self, folder: str | None = None, *, every: int | None = None, keep: int | None = None,
+                     async_save: bool | None = None) -> Checkpointer:
+        """This job's checkpoints: ``restore()`` once, then ``step(n)`` after every step.
+
+        Defaults come from the job (--checkpoint-every, --keep-checkpoints, --async-checkpoint); the
+        folder is the job's own, so two jobs never load each other's state.
+        """
+        return Checkpointer(self, folder, every=every, keep=keep, async_save=async_save)
 
     def backward(self, loss: Any) -> None:
         """Backward with loss scaling (fp16) and accumulation."""

@@ -15,13 +15,27 @@ class DistributedLoader:
 
         self.sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
                                           seed=seed, drop_last=drop_last)
+        self._loader_kwargs = loader_kwargs
+        self._seed = seed
         self.loader = DataLoader(dataset, batch_size=batch_size, sampler=self.sampler, drop_last=drop_last,
                                  **loader_kwargs)
         self.epoch = 0
 
     def __iter__(self) -> Iterator[Any]:
+        yield from self.iter_from(0)
+
+    def iter_from(self, batch: int) -> Iterator[Any]:
+        """This epoch from its ``batch``-th batch on (resuming mid-epoch without reading what came before)."""
+        import torch
+        from torch.utils.data import DataLoader
+
         self.sampler.set_epoch(self.epoch)
-        yield from self.loader
+        indices = list(self.sampler)[batch * self.loader.batch_size:]
+        # Starting an iterator draws a seed from the generator it is given, else from the global RNG;
+        # a per-epoch generator keeps the training RNG stream identical whether or not we resumed.
+        generator = torch.Generator().manual_seed(self._seed * 1_000_003 + self.epoch)
+        yield from DataLoader(self.loader.dataset, batch_size=self.loader.batch_size, sampler=indices,
+                              drop_last=self.loader.drop_last, generator=generator, **self._loader_kwargs)
         self.epoch += 1
 
     def __len__(self) -> int:
@@ -29,3 +43,15 @@ class DistributedLoader:
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+
+
+def batches(loader: DistributedLoader, start: int = 0) -> Iterator[Any]:
+    """Batches without end, epoch after epoch, beginning at overall batch ``start`` (a restored step)."""
+    per_epoch = len(loader)
+    if per_epoch == 0:
+        raise ValueError("the loader yields no batches (dataset smaller than one batch per rank?)")
+    epoch, offset = divmod(start, per_epoch)
+    loader.set_epoch(epoch)
+    while True:
+        yield from loader.iter_from(offset)
+        offset = 0

@@ -21,6 +21,7 @@ ENV = {
     "grad_accum": "HPC_TRAIN_GRAD_ACCUM",
     "comm_hook": "HPC_TRAIN_COMM_HOOK",
     "activation_checkpointing": "HPC_TRAIN_ACTIVATION_CHECKPOINTING",
+    "exact_resume": "HPC_TRAIN_EXACT_RESUME",
 }
 
 
@@ -31,6 +32,7 @@ class RuntimeOptions:
     grad_accum: int = 1
     comm_hook: str = "none"
     activation_checkpointing: bool = False
+    exact_resume: bool = True
     backend_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -53,7 +55,7 @@ class RuntimeOptions:
                 values[name] = float(raw)
             elif name == "grad_accum":
                 values[name] = int(raw)
-            elif name == "activation_checkpointing":
+            elif name in ("activation_checkpointing", "exact_resume"):
                 values[name] = raw.lower() in ("1", "true", "yes")
             else:
                 values[name] = raw

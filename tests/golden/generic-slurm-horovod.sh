@@ -23,6 +23,7 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING=1  # site
 
 # rendezvous: the first node of the allocation hosts the store; the port varies per job
 export HPC_TRAIN_JOB_FOLDER=/home/alice/hpc_train/jobs/"${SLURM_JOB_ID}"
+export HPC_TRAIN_CHECKPOINT_DIR="${HPC_TRAIN_JOB_FOLDER}/checkpoints"
 MASTER_ADDR=$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | head -n 1)
 export MASTER_ADDR
 export MASTER_PORT=$(( 29500 + SLURM_JOB_ID % 2000 ))

@@ -19,6 +19,7 @@ export PYTHONUNBUFFERED=1  # site
 # rendezvous: the first node of the allocation hosts the store; the port varies per job
 if [ -z "${HPC_TRAIN_JOB_FOLDER:-}" ]; then HPC_TRAIN_JOB_FOLDER=/home/alice/hpc_train/jobs/local; fi
 export HPC_TRAIN_JOB_FOLDER
+export HPC_TRAIN_CHECKPOINT_DIR="${HPC_TRAIN_JOB_FOLDER}/checkpoints"
 export MASTER_ADDR=127.0.0.1
 export MASTER_PORT=$(( 29500 + $$ % 2000 ))
 

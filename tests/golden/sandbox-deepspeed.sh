@@ -8,6 +8,8 @@
 #SBATCH --open-mode=append
 #SBATCH --output=/tmp/hpc_train-sandbox/jobs/%j/%j_0_log.out
 #SBATCH --partition=cpu
+#SBATCH --requeue
+#SBATCH --signal=B:USR2@60
 #SBATCH --time=00:10:00
 
 set -eo pipefail
@@ -27,9 +29,27 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING=1  # site
 
 # rendezvous: the first node of the allocation hosts the store; the port varies per job
 export HPC_TRAIN_JOB_FOLDER=/tmp/hpc_train-sandbox/jobs/"${SLURM_JOB_ID}"
+export HPC_TRAIN_CHECKPOINT_DIR="${HPC_TRAIN_JOB_FOLDER}/checkpoints"
 MASTER_ADDR=$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | head -n 1)
 export MASTER_ADDR
 export MASTER_PORT=$(( 29500 + SLURM_JOB_ID % 2000 ))
+
+# requeue: Slurm warns this shell 60 s before the limit (USR2); the shell
+# writes the stop file, every rank saves the same step, rank 0 requeues. Runs are counted in the job
+# folder (SLURM_RESTART_COUNT is unreliable in array jobs).
+export HPC_TRAIN_STOP_FILE="${HPC_TRAIN_JOB_FOLDER}/stop_requested"
+mkdir -p "${HPC_TRAIN_JOB_FOLDER}"
+rm -f "${HPC_TRAIN_STOP_FILE}"
+HPC_TRAIN_RUN=$(( $(cat "${HPC_TRAIN_JOB_FOLDER}/runs" 2>/dev/null || echo 0) + 1 ))
+echo "${HPC_TRAIN_RUN}" > "${HPC_TRAIN_JOB_FOLDER}/runs"
+export HPC_TRAIN_RUN HPC_TRAIN_MAX_RESTARTS=5
+export HPC_TRAIN_DEADLINE=$(( $(date +%s) + 540 ))
+echo "hpc_train: run ${HPC_TRAIN_RUN} of job ${SLURM_JOB_ID} on $(hostname) at $(date -Is) (restart budget 5)"
+if [ "${HPC_TRAIN_RUN}" -gt $(( HPC_TRAIN_MAX_RESTARTS + 1 )) ]; then
+    echo "hpc_train: restart budget exhausted: ${HPC_TRAIN_MAX_RESTARTS} restarts used; not starting run ${HPC_TRAIN_RUN}" >&2
+    exit 1
+fi
+trap 'touch "${HPC_TRAIN_STOP_FILE}"' USR2 TERM
 
 cd /home/alice/project
 
@@ -44,4 +64,13 @@ export HPC_TRAIN_DEEPSPEED_CONFIG="${HPC_TRAIN_JOB_FOLDER}/ds_config.json"
 
 # launch
 srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 --unbuffered --output=/tmp/hpc_train-sandbox/jobs/%j/%j_%t_log.out --error=/tmp/hpc_train-sandbox/jobs/%j/%j_%t_log.err \
-    /opt/venv/bin/python -m hpc_train.runtime.launch --local-rank-arg -- /home/alice/project/train.py --lr 1e-4
+    /opt/venv/bin/python -m hpc_train.runtime.launch --local-rank-arg -- /home/alice/project/train.py --lr 1e-4 &
+hpc_train_step=$!
+while :; do
+    status=0
+    wait "${hpc_train_step}" || status=$?
+    # the trap interrupts wait while the step still runs: keep waiting for it to save and exit
+    if [ "${status}" -gt 128 ] && kill -0 "${hpc_train_step}" 2>/dev/null; then continue; fi
+    break
+done
+exit "${status}"

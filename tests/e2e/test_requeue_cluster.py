@@ -1,0 +1,141 @@
+"""Preemption, time limits and requeues on the real cluster: the result is as if nothing happened."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import REPO, write
+
+pytestmark = pytest.mark.e2e
+SCRIPT = REPO / "examples" / "train_resumable.py"
+STEPS = 400
+
+
+def hpc(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hpc_train", *args], capture_output=True, text=True, cwd=REPO, timeout=timeout)
+
+
+def submit(job_root: Path, backend: str, *extra: str, script_args: tuple[str, ...] = ()) -> str:
+    out = hpc("submit", "--site", "sandbox", "--job-root", str(job_root), "--backend", backend, "--nodes", "2",
+              "--procs-per-node", "2", "--parsable", *extra, str(SCRIPT), "--", "--steps", str(STEPS), *script_args)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def scontrol(*args: str) -> str:
+    return subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=30).stdout
+
+
+def state(job_id: str) -> str:
+    return json.loads(hpc("status", job_id, "--json").stdout)["state"]
+
+
+def log_text(job_root: Path, job_id: str) -> str:
+    path = job_root / job_id / f"{job_id}_0_log.out"
+    err = job_root / job_id / f"{job_id}_0_log.err"
+    return (path.read_text() if path.exists() else "") + (err.read_text() if err.exists() else "")
+
+
+def wait_for(predicate, timeout: float, what: str, release: str | None = None):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if release:  # what `submit --wait` does on this site: start a requeued job without Slurm's hold
+            info = scontrol("show", "job", "-o", release)
+            if "JobState=PENDING" in info and "Reason=BeginTime" in info:
+                scontrol("update", f"JobId={release}", "StartTime=now")
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def progress(job_root: Path, job_id: str, run: int) -> int:
+    """The last step rank 0 printed in run ``run``."""
+    text = log_text(job_root, job_id)
+    part = text.split(f"hpc_train: run {run} of job")
+    if len(part) < 2:
+        return -1
+    steps = re.findall(r"step +(\d+)/", part[-1])
+    return int(steps[-1]) if steps else 0
+
+
+def final_params(job_root: Path, job_id: str) -> dict[str, torch.Tensor]:
+    return torch.load(job_root / job_id / "final.pt", weights_only=True)
+
+
+def assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{key} differs after the interruptions"
+
+
+def interrupted_run(job_root: Path, backend: str, time_limit: bool) -> tuple[str, str, dict[str, float]]:
+    """A reference job and the same job interrupted by a signal, an admin's requeue and (optionally)
+    its time limit; both on the same 2 x 2 layout so their arithmetic is identical."""
+    reference = submit(job_root, backend, "--no-requeue")
+    limits = ("--time", "2", "--signal-grace", "60") if time_limit else ()
+    job = submit(job_root, backend, *limits, "--checkpoint-every", "25", script_args=("--step-seconds", "0.1"))
+    timings = {}
+    # 1. the scheduler's warning signal, as `scancel --signal` delivers it to the batch shell
+    wait_for(lambda: progress(job_root, job, 1) >= 20, 240, "run 1 to train", release=job)
+    signalled = time.time()
+    subprocess.run(["scancel", "--batch", "--signal=USR2", job], check=True)
+    wait_for(lambda: progress(job_root, job, 2) > 0, 240, "run 2 to train again", release=job)
+    timings["signal to training again (s)"] = round(time.time() - signalled, 1)
+    # 2. an administrator's requeue: Slurm stops the job at once; the last periodic checkpoint is used
+    wait_for(lambda: progress(job_root, job, 2) >= 60, 240, "run 2 to get going", release=job)
+    subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True)
+    # 3. with a time limit, the runtime's deadline (limit - grace) and Slurm's own warning stop run 3
+    wait_for(lambda: state(job) in ("COMPLETED", "FAILED", "CANCELLED"), 600, "the job to finish", release=job)
+    wait_for(lambda: state(reference) in ("COMPLETED", "FAILED"), 300, "the reference job")
+    return reference, job, timings
+
+
+@pytest.mark.parametrize("backend, time_limit", [("torchrun", True), ("deepspeed", False)])
+def test_interruptions_change_nothing(slurm_cluster, sandbox_job_root, backend, time_limit):
+    reference, job, timings = interrupted_run(sandbox_job_root, backend, time_limit)
+    text = log_text(sandbox_job_root, job)
+    assert state(job) == "COMPLETED" and state(reference) == "COMPLETED", text[-3000:]
+    runs = int((sandbox_job_root / job / "runs").read_text())
+    assert runs >= (4 if time_limit else 3), text[-3000:]
+    assert "stop requested" in text  # the signal, seen through the batch shell's stop file
+    if time_limit:
+        assert "time limit is near" in text or text.count("stopping at step") >= 2
+    assert_identical(final_params(sandbox_job_root, reference), final_params(sandbox_job_root, job))
+    assert f"(run {runs}, {runs - 1} restarts)" in hpc("status", job).stdout
+    print(f"\n{backend}: {runs} runs; {timings}")
+
+
+@pytest.mark.parametrize("backend", ["horovod", "mpi"])
+def test_a_preemption_changes_nothing(slurm_cluster, sandbox_job_root, backend):
+    reference = submit(sandbox_job_root, backend, "--no-requeue")
+    job = submit(sandbox_job_root, backend, "--checkpoint-every", "50", script_args=("--step-seconds", "0.05"))
+    wait_for(lambda: progress(sandbox_job_root, job, 1) >= 40, 240, "run 1 to train")
+    subprocess.run(["scancel", "--batch", "--signal=USR2", job], check=True)
+    wait_for(lambda: state(job) in ("COMPLETED", "FAILED", "CANCELLED"), 300, "the job to finish", release=job)
+    wait_for(lambda: state(reference) in ("COMPLETED", "FAILED"), 300, "the reference job")
+    assert state(job) == "COMPLETED"
+    assert int((sandbox_job_root / job / "runs").read_text()) == 2
+    assert_identical(final_params(sandbox_job_root, reference), final_params(sandbox_job_root, job))
+
+
+def test_restart_budget_stops_a_job_that_always_fails(slurm_cluster, sandbox_job_root, tmp_path):
+    crash = write(tmp_path / "crash.py", "import sys\nprint('crashing', flush=True)\nsys.exit(7)\n")
+    out = hpc("submit", "--site", "sandbox", "--job-root", str(sandbox_job_root), "--on-failure", "requeue",
+              "--max-restarts", "2", "--wait", str(crash), timeout=400)
+    assert out.returncode != 0
+    job = out.stdout.split()[2]
+    text = log_text(sandbox_job_root, job)
+    assert text.count("crashing") == 3  # the first run and two restarts
+    assert "restart budget exhausted (2 restarts)" in text
+    assert int((sandbox_job_root / job / "runs").read_text()) == 3
+    assert "FAILED" in out.stderr
