@@ -114,6 +114,7 @@ def submit_plan(
         slurm_conf=os.environ.get("SLURM_CONF") if plan.scheduler == "slurm" else None,
         submitted_at=time.time(),
         release_held=plan.release_held and plan.requeue,
+        requeue=plan.requeue,
     )
     record.save()
     return JobHandle(record, job)

@@ -32,6 +32,9 @@ def follow(handle: JobHandle, rank: int = 0, stream: str = "stdout", out: TextIO
             state = handle.state
             if state == "PENDING":
                 handle.release_if_held()
+            if state not in ACTIVE_STATES and handle.record.requeue:
+                time.sleep(2.0)  # a job requeueing itself passes through an ended-looking state
+                state = handle.state
             if state not in ACTIVE_STATES:
                 # the last lines can land after the state changes; read once more
                 time.sleep(poll_s)

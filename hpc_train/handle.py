@@ -47,6 +47,7 @@ class JobRecord:
     slurm_conf: str | None = None
     submitted_at: float = 0.0
     release_held: bool = False
+    requeue: bool = False
 
     @property
     def num_tasks(self) -> int:
@@ -198,7 +199,13 @@ class JobHandle:
         while True:
             state = self.state
             if state not in ACTIVE_STATES:
-                return state
+                if not self.record.requeue:
+                    return state
+                # a job requeueing itself passes through an ended-looking state; look again
+                time.sleep(max(2.0, poll_s))
+                state = self.state
+                if state not in ACTIVE_STATES:
+                    return state
             if state == "PENDING":
                 self.release_if_held()
             if deadline is not None and time.monotonic() > deadline:

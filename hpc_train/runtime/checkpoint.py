@@ -326,7 +326,9 @@ class Checkpointer:
             self.save(step)
 
     def _stop(self, step: int) -> None:
-        reason = self.watcher.reason or "another rank was asked to stop"
+        # say why, whichever rank noticed first
+        reasons = [r for r in self.ctx.runtime.gather_object(self.watcher.reason) if r]
+        reason = reasons[0] if reasons else "stop requested"
         if step != self.last_saved:
             self.save(step, wait=True)
         else:

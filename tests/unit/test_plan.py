@@ -118,3 +118,29 @@ def test_passthrough_sbatch_and_policy_hooks(plugins):
     with pytest.raises(ConfigError) as info:
         plan(plugins, nodes=4)
     assert "site policy (bluecloud): over 2 nodes needs a reservation" in str(info.value)
+
+
+def test_requeue_policy_from_site_and_job(plugins):
+    from hpc_train.renderer import render
+
+    p = plan(plugins, site="sandbox", time="00:10:00", checkpoint_every=50, max_restarts=2)
+    directives = dict(p.directives)
+    assert directives["requeue"] is True and directives["signal"] == "B:USR2@60"
+    assert directives["open-mode"] == "append"
+    env = {e.name: e.value for e in p.env}
+    assert env["HPC_TRAIN_CHECKPOINT_EVERY"] == "50"
+    text = render(p, ())
+    assert "export HPC_TRAIN_RUN HPC_TRAIN_MAX_RESTARTS=2" in text
+    assert "export HPC_TRAIN_DEADLINE=$(( $(date +%s) + 540 ))" in text  # 10 min - 60 s grace
+    assert """trap 'touch "${HPC_TRAIN_STOP_FILE}"' USR2 TERM""" in text
+    assert 'wait "${hpc_train_step}"' in text
+    off = plan(plugins, site="sandbox", requeue=False)
+    assert "requeue" not in dict(off.directives) and "HPC_TRAIN_STOP_FILE" not in render(off, ())
+    assert "scontrol requeue" in render(plan(plugins, site="sandbox", on_failure="requeue"), ())
+
+
+def test_requeue_problems(plugins):
+    with pytest.raises(ConfigError, match="only Slurm sites requeue"):
+        plan(plugins, site="local", requeue=True)
+    with pytest.raises(ConfigError, match="must come after the job starts"):
+        plan(plugins, site="sandbox", time="1", signal_grace=120)
