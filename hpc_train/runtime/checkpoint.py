@@ -344,6 +344,9 @@ class Checkpointer:
                 done, message = requeue()
                 log(message)
                 code = 0 if done else EXIT_STOPPED
+                marker = os.environ.get("HPC_TRAIN_REQUEUED_FILE")
+                if done and marker:  # the batch script then waits for Slurm instead of ending the job
+                    Path(marker).touch()
         code = self.ctx.runtime.gather_object(code)[0]  # rank 0 decided for everyone
         self.watcher.close()
         self.ctx.shutdown()

@@ -49,8 +49,9 @@ export MASTER_PORT=$(( 29500 + SLURM_JOB_ID % 2000 ))
 # writes the stop file, every rank saves the same step, rank 0 requeues. Runs are counted in the job
 # folder (SLURM_RESTART_COUNT is unreliable in array jobs).
 export HPC_TRAIN_STOP_FILE="${HPC_TRAIN_JOB_FOLDER}/stop_requested"
+export HPC_TRAIN_REQUEUED_FILE="${HPC_TRAIN_JOB_FOLDER}/requeue_requested"
 mkdir -p "${HPC_TRAIN_JOB_FOLDER}"
-rm -f "${HPC_TRAIN_STOP_FILE}"
+rm -f "${HPC_TRAIN_STOP_FILE}" "${HPC_TRAIN_REQUEUED_FILE}"
 HPC_TRAIN_RUN=$(( $(cat "${HPC_TRAIN_JOB_FOLDER}/runs" 2>/dev/null || echo 0) + 1 ))
 echo "${HPC_TRAIN_RUN}" > "${HPC_TRAIN_JOB_FOLDER}/runs"
 export HPC_TRAIN_RUN HPC_TRAIN_MAX_RESTARTS=3
@@ -75,4 +76,8 @@ while :; do
     if [ "${status}" -gt 128 ] && kill -0 "${hpc_train_step}" 2>/dev/null; then continue; fi
     break
 done
+if [ -e "${HPC_TRAIN_REQUEUED_FILE}" ]; then
+    # Slurm ends this run itself (JOB REQUEUE); exiting first could finish the job instead
+    sleep 300 & wait $! || true
+fi
 exit "${status}"
