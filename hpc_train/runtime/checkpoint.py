@@ -296,7 +296,7 @@ class Checkpointer:
         return f"saving step {step} failed: {detail}; {kept}"
 
     def _prune(self) -> None:
-        for step, path in self.complete()[self.keep:]:
+        for _, path in self.complete()[self.keep:]:
             shutil.rmtree(path, ignore_errors=True)
         for path in self.folder.glob("step-*.tmp-*"):
             shutil.rmtree(path, ignore_errors=True)  # left by a writer that died; the new one is committed
