@@ -20,7 +20,13 @@ from hpc_train.errors import SchedulerError, UsageError
 
 FINAL_OK = {"COMPLETED"}
 PENDING_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED"}
+RELEASE_MARGIN_S = 3
 ACTIVE_STATES = PENDING_STATES | {"RUNNING", "COMPLETING", "STAGE_OUT", "UNKNOWN", "PREEMPTED", "READY", "SIGNALING"}
+
+
+def held_after_requeue(info: dict[str, str]) -> bool:
+    """Whether ``scontrol show job`` fields show a requeued job on Slurm's hold (PENDING, BeginTime)."""
+    return info.get("JobState") == "PENDING" and info.get("Reason") == "BeginTime"
 
 
 def state_dir() -> Path:
@@ -85,6 +91,7 @@ class JobHandle:
     def __init__(self, record: JobRecord, job: Any = None) -> None:
         self.record = record
         self._job = job  # a submitit Job when we submitted it in this process
+        self._held_since: float | None = None  # when release_if_held first saw the requeue hold
 
     # -- identity ----------------------------------------------------------------------
     @property
@@ -183,12 +190,23 @@ class JobHandle:
         return Path(self.record.folder) / "checkpoints"
 
     def release_if_held(self) -> bool:
-        """A requeued job waits ~2 minutes (BeginTime); start it now where the site allows it."""
+        """A requeued job waits ~2 minutes (BeginTime); start it sooner where the site allows it.
+
+        Not at once: Slurm holds requeued jobs because each node revokes the old run's credential, and a
+        credential issued in the same second is refused ("Job credential revoked") and the job FAILS.
+        Releasing once the hold has lasted a few seconds avoids that; call this from a polling loop.
+        """
         if not self.record.release_held or self.record.scheduler != "slurm":
             return False
-        info = self._controller_info()
-        if info.get("JobState") != "PENDING" or info.get("Reason") != "BeginTime":
+        if not held_after_requeue(self._controller_info()):
+            self._held_since = None
             return False
+        now = time.monotonic()
+        if self._held_since is None:
+            self._held_since = now
+        if now - self._held_since < RELEASE_MARGIN_S:
+            return False
+        self._held_since = None
         out = subprocess.run(["scontrol", "update", f"JobId={self.job_id}", "StartTime=now"],
                              capture_output=True, text=True, timeout=30)
         return out.returncode == 0

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hpc_train.handle import RELEASE_MARGIN_S, held_after_requeue
 from tests.conftest import REPO, write
 
 pytestmark = pytest.mark.e2e
@@ -47,14 +48,20 @@ def log_text(job_root: Path, job_id: str) -> str:
 
 def wait_for(predicate, timeout: float, what: str, release: str | None = None):
     deadline = time.time() + timeout
+    held_since = None
     while time.time() < deadline:
         value = predicate()
         if value:
             return value
         if release:  # what `submit --wait` does on this site: start a requeued job without Slurm's hold
             info = scontrol("show", "job", "-o", release)
-            if "JobState=PENDING" in info and "Reason=BeginTime" in info:
+            if not held_after_requeue(dict(w.split("=", 1) for w in info.split() if "=" in w)):
+                held_since = None
+            elif held_since is None:
+                held_since = time.time()
+            elif time.time() - held_since >= RELEASE_MARGIN_S:  # see JobHandle.release_if_held
                 scontrol("update", f"JobId={release}", "StartTime=now")
+                held_since = None
         time.sleep(0.5)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 

@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from hpc_train import handle as handle_module
+from hpc_train.handle import JobHandle, JobRecord, held_after_requeue
+
+
+@pytest.mark.parametrize("state,reason,held", [
+    ("PENDING", "BeginTime", True), ("RUNNING", "None", False), ("PENDING", "Priority", False),
+    ("PENDING", "Resources", False)])
+def test_only_a_begin_time_hold_is_a_requeue_hold(state, reason, held):
+    assert held_after_requeue({"JobState": state, "Reason": reason}) is held
+
+
+def test_a_requeue_hold_is_released_only_after_the_credential_margin(monkeypatch, tmp_path):
+    # Releasing in the same second as the requeue makes Slurm refuse the new run's credential and fail it.
+    clock = [100.0]
+    calls: list[list[str]] = []
+    monkeypatch.setattr(handle_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(handle_module.subprocess, "run",
+                        lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0, "", ""))
+    handle = JobHandle(JobRecord(job_id="7", folder=str(tmp_path), scheduler="slurm", kind="script", site="sandbox",
+                                 backend="torchrun", nodes=1, procs_per_node=1, tasks_per_node=1, job_name="t",
+                                 release_held=True))
+    monkeypatch.setattr(handle, "_controller_info", lambda: {"JobState": "PENDING", "Reason": "BeginTime"})
+    assert not handle.release_if_held()  # first seen now
+    clock[0] += handle_module.RELEASE_MARGIN_S - 0.5
+    assert not handle.release_if_held()
+    clock[0] += 1.0
+    assert handle.release_if_held()
+    assert calls == [["scontrol", "update", "JobId=7", "StartTime=now"]]
