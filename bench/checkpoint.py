@@ -2,6 +2,8 @@
 
 For a ~200 MB and a ~1 GB model (fp32 Linear stacks), in one process, each measured --repeats times
 (medians): the time the training loop is blocked, and for async also when the write is committed.
+Each mode uses one checkpointer that saves repeatedly, as a training run does; the first async save,
+which also allocates the staging buffers, is shown on its own ("1st async").
 Target: async blocks training for at most 10 % of the sync save's time.
 
     .venv/bin/python bench/checkpoint.py [--sizes 200,1000] [--repeats 3] [--folder /tmp/x]
@@ -46,21 +48,27 @@ def measure(megabytes: int, repeats: int, root: Path) -> dict[str, float]:
         plain.append(time.perf_counter() - start)
         path.unlink()
 
-        ckpt = ctx.checkpointer(root / "sync", keep=1, async_save=False)
+    # One checkpointer per mode saving again and again, as in training: the first async save also
+    # allocates its staging buffers (page faults); it is reported apart from the steady state.
+    ckpt = ctx.checkpointer(root / "sync", keep=1, async_save=False)
+    for i in range(repeats):
         start = time.perf_counter()
         ckpt.save(i + 1)
         sync.append(time.perf_counter() - start)
-        ckpt.close()
+    ckpt.close()
 
-        ckpt = ctx.checkpointer(root / "async", keep=1, async_save=True)
+    ckpt = ctx.checkpointer(root / "async", keep=1, async_save=True)
+    for i in range(repeats + 1):
         start = time.perf_counter()
         ckpt.save(i + 1)
         blocked.append(time.perf_counter() - start)
         ckpt.wait()
         committed.append(time.perf_counter() - start)
-        ckpt.close()
+    ckpt.close()
+    first = blocked.pop(0)
+    committed.pop(0)
     return {"MiB": size, "plain": statistics.median(plain), "sync": statistics.median(sync),
-            "async_blocked": statistics.median(blocked), "async_committed": statistics.median(committed)}
+            "async_blocked": statistics.median(blocked), "async_committed": statistics.median(committed), "async_first": first}
 
 
 def main() -> None:
@@ -73,12 +81,12 @@ def main() -> None:
     root.mkdir(parents=True, exist_ok=True)
     try:
         print(f"{'model':>9} {'torch.save':>11} {'sync save':>10} {'async blocks':>13} {'async done':>11} "
-              f"{'async/sync':>11} {'sync/plain':>11}")
+              f"{'1st async':>10} {'async/sync':>11} {'sync/plain':>11}")
         for megabytes in (int(s) for s in args.sizes.split(",")):
             r = measure(megabytes, args.repeats, root)
             ratio = r["async_blocked"] / r["sync"]
             print(f"{r['MiB']:>6.0f}MiB {r['plain']:>10.3f}s {r['sync']:>9.3f}s {r['async_blocked']:>12.3f}s "
-                  f"{r['async_committed']:>10.3f}s {ratio:>11.3f} {r['sync'] / r['plain']:>11.2f}"
+                  f"{r['async_committed']:>10.3f}s {r['async_first']:>9.3f}s {ratio:>11.3f} {r['sync'] / r['plain']:>11.2f}"
                   f"  {'met' if ratio <= TARGET else 'NOT met'} (target async/sync <= {TARGET})")
     finally:
         if not args.folder:

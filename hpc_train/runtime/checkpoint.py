@@ -233,15 +233,15 @@ class Checkpointer:
             error = f"writing the engine state of step {step} failed: {type(exc).__name__}: {exc}"
         payload = self._payload(step)  # a collective: every rank gets here
         if error is None and self.ctx.is_main:
-            snapshot = _to_cpu(payload, self._staging)  # training goes on changing the live tensors
             background = self.async_save if wait is None else not wait
             if background and payload["runtime"] is not None:
+                snapshot = _to_cpu(payload, self._staging)  # training goes on changing the live tensors
                 self._writer = threading.Thread(target=self._write_guarded, args=(snapshot, tmp, final, step),
                                                 name="hpc_train-checkpoint-writer")
                 self._writer.start()
             else:
-                try:
-                    self._write(snapshot, tmp, final, step)
+                try:  # training waits for this write: the live tensors cannot change under it
+                    self._write(payload, tmp, final, step)
                 except CheckpointError as exc:
                     error = str(exc)
         if error is not None and self.ctx.is_main:
