@@ -10,6 +10,7 @@ torchx lives only in the bench environment (.bench-venv), created here when miss
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -31,9 +32,15 @@ def ensure_torchx() -> Path:
     return torchx
 
 
+# As on a login node: Python keeps the bytecode of what it imports. (Sandboxes and CI images often
+# set PYTHONDONTWRITEBYTECODE, which would make every run recompile an editable install's sources while
+# the pip-installed competitor has its .pyc files: not a like-for-like comparison.)
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def timed(cmd: list[str], cwd: Path) -> float:
     start = time.perf_counter()
-    out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=ENV)
     elapsed = time.perf_counter() - start
     if out.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stderr[-2000:]}")
@@ -41,7 +48,7 @@ def timed(cmd: list[str], cwd: Path) -> float:
 
 
 def modules_imported(python: str, argv: list[str], cwd: Path) -> int:
-    out = subprocess.run([python, "-X", "importtime", *argv], cwd=cwd, capture_output=True, text=True)
+    out = subprocess.run([python, "-X", "importtime", *argv], cwd=cwd, capture_output=True, text=True, env=ENV)
     return sum(1 for line in out.stderr.splitlines() if line.startswith("import time:") and "imported package" not in line) - 1
 
 
