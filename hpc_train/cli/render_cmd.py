@@ -20,4 +20,11 @@ def run(args: argparse.Namespace) -> int:
 
     plan = plan_job(make_job(**job_options(args)))
     sys.stdout.write(render_plan(plan))
+    # stderr, so `render > job.sh` stays the exact script; the sources are on each export line
+    if plan.nccl_profile:
+        asked = (plan.job.nccl_profile or "").split("+")[0]
+        origin = "asked for by the job" if asked else f"partition {plan.partition}'s default"
+        print(f"nccl profile: {plan.nccl_profile} ({origin})", file=sys.stderr)
+    for warning in plan.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     return 0

@@ -5,9 +5,17 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+)
 
 from hpc_train.config.slurm_time import parse_slurm_time
+from hpc_train.nccl import check_name, profile_errors
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Names that end up in #SBATCH values, file names and hook lookups: no spaces, quotes or control chars.
@@ -35,6 +43,9 @@ def _check_env_names(env: dict[str, str]) -> dict[str, str]:
     for name in env:
         if not ENV_NAME.match(name):
             raise ValueError(f"{name!r} is not a valid environment variable name (letters, digits, _)")
+        typo = check_name(name)  # a misspelt NCCL_ name is silently ignored by NCCL: stop it here
+        if typo is not None and typo.error:
+            raise ValueError(f"{typo.message} ({typo.hint})")
     return env
 
 
@@ -42,6 +53,18 @@ def _check_time(value: str | int | None) -> str | int | None:
     if value is not None:
         parse_slurm_time(value)
     return value
+
+
+# --- fabric (issue 5): profiles are checked per profile, so an error names the profile's line
+NcclProfile = Annotated[dict[str, EnvValue], AfterValidator(_check_env_names)]
+
+
+class Preflight(Model):
+    """What `preflight` expects of the fabric: all-reduce bus bandwidth in GB/s (nccl-tests' busbw)."""
+
+    busbw_gbs: float | None = Field(None, gt=0, description="least bus bandwidth at the largest message size")
+    pair_busbw_gbs: float | None = Field(None, gt=0, description="least bus bandwidth any node pair may show")
+    max_size: str = Field("1G", pattern=r"^[0-9]+[KMG]?$", description="largest all-reduce message (sizes go 1M, 4M, ... up to it)")
 
 
 class Partition(Model):
@@ -58,6 +81,7 @@ class Partition(Model):
     default_time: str | int | None = None
     interconnect: str | None = Field(None, description="nvlink+ib-hdr, pcie, ... (for people and doctor)")
     nccl_profile: str | None = Field(None, description="the NCCL profile jobs on this partition get by default")
+    preflight: Preflight | None = Field(None, description="the partition's own preflight figures (default: the site's)")
     constraint: str | None = None
     sbatch: dict[str, SbatchValue] = Field(default_factory=dict, description="extra #SBATCH options")
     env: dict[str, EnvValue] = Field(default_factory=dict)
@@ -100,7 +124,9 @@ class SiteConfig(Model):
     module_purge: bool = False
     setup: list[str] = Field(default_factory=list, description="shell lines the site runs before launch")
     env: dict[str, EnvValue] = Field(default_factory=dict)
-    nccl_profiles: dict[str, dict[str, EnvValue]] = Field(default_factory=dict)
+    nccl_profiles: dict[str, NcclProfile] = Field(
+        default_factory=dict, description="named sets of NCCL/fabric variables; 'extends: other' inherits one")
+    preflight: Preflight = Field(default_factory=Preflight, description="what `preflight` expects of the fabric")
     container: Container = Field(default_factory=Container)
     requeue: Requeue = Field(default_factory=Requeue)
     storage: dict[str, str] = Field(default_factory=dict, description="named shared paths, exported as HPC_TRAIN_<NAME>_DIR")
@@ -133,8 +159,8 @@ class SiteConfig(Model):
     @field_validator("nccl_profiles")
     @classmethod
     def _profile_names(cls, value: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
-        for env in value.values():
-            _check_env_names(env)
+        for name, error in profile_errors(value).items():  # names were checked per profile (NcclProfile)
+            raise ValueError(f"{name}: {error}")
         return value
 
     def partition(self, name: str | None) -> tuple[str | None, Partition | None]:
