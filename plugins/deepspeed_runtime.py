@@ -12,6 +12,9 @@ from hpc_train.runtime.base import BackendRuntime
 
 class DeepSpeedRuntime(BackendRuntime):
     name = "deepspeed"
+    # with --parallel, DeepSpeed's own pipeline engine averages over dp and saves; hpc_train adds the mesh
+    owns_parallelism = True
+    pipeline_microbatches: int | None = None
 
     def init(self) -> None:
         import deepspeed
@@ -36,18 +39,29 @@ class DeepSpeedRuntime(BackendRuntime):
         import deepspeed
 
         config = self.ds_config()
+        if self.pipeline_microbatches is not None:
+            # the pipeline engine runs one micro-batch per accumulation step and supports ZeRO-0/1 only
+            config["gradient_accumulation_steps"] = self.pipeline_microbatches
+            config.pop("train_batch_size", None)
+            zero = config.setdefault("zero_optimization", {})
+            zero["stage"] = min(int(zero.get("stage", 0)), 1)
         model = model.to(self.device)
         kwargs: dict[str, Any] = {"optimizer": optimizer} if optimizer is not None else {"model_parameters": model.parameters()}
         engine, optimizer, _, _ = deepspeed.initialize(model=model, config=config, **kwargs)
         if config.get("bf16", {}).get("enabled") or config.get("fp16", {}).get("enabled"):
             _cast_float_inputs(engine.module)
         self.model, self.optimizer = engine, optimizer
+        if self.metrics is not None:  # the engine averages gradients here at accumulation boundaries
+            self.metrics.time_method(engine, "allreduce_gradients")
         return engine, optimizer
 
     def backward(self, loss: Any) -> None:
         self.model.backward(loss)  # the engine scales for accumulation and fp16 itself
 
     def step(self) -> bool:
+        if self.pipeline_microbatches is not None:
+            self.micro_step += 1
+            return True  # train_batch() already stepped
         boundary = self.model.is_gradient_accumulation_boundary()
         self.model.step()  # clips, steps and zeroes at boundaries, per the ds_config
         self.micro_step += 1
@@ -68,6 +82,28 @@ class DeepSpeedRuntime(BackendRuntime):
                                              load_lr_scheduler_states=True)
         if path is None:
             raise RuntimeError(f"DeepSpeed found no engine checkpoint in {folder}")
+
+    def pipeline(self, layers: Any, loss_fn: Any, *, microbatches: int) -> DeepSpeedPipeline:
+        """``ctx.pipeline(...)`` under this backend: DeepSpeed's PipelineModule and pipeline engine."""
+        return DeepSpeedPipeline(self, layers, loss_fn, microbatches)
+
+
+class DeepSpeedPipeline:
+    """``pipe.module`` goes to ``ctx.prepare``; ``pipe.step(x, y)`` is the engine's train_batch (forward,
+    backward and optimizer step over the micro-batches, 1F1B) and returns the mean loss on every rank."""
+
+    def __init__(self, runtime: DeepSpeedRuntime, layers: Any, loss_fn: Any, microbatches: int) -> None:
+        from deepspeed.pipe import PipelineModule
+
+        self.runtime = runtime
+        self.microbatches = microbatches
+        runtime.pipeline_microbatches = microbatches
+        stages = runtime.parallel.pp_size  # type: ignore[attr-defined]
+        self.module = PipelineModule(layers=list(layers), num_stages=stages, loss_fn=loss_fn, partition_method="uniform")
+
+    def step(self, inputs: Any, targets: Any) -> Any:
+        pairs = zip(inputs.chunk(self.microbatches), targets.chunk(self.microbatches), strict=True)
+        return self.runtime.model.train_batch(iter(pairs))
 
 
 def _cast_float_inputs(module: Any) -> None:

@@ -9,11 +9,14 @@ from pydantic import Field, field_validator
 
 from hpc_train.config.models import EnvValue, Model, SbatchValue, _check_env_names
 from hpc_train.config.slurm_time import parse_slurm_time
+from hpc_train.errors import UsageError
+from hpc_train.layout import canonical as canonical_layout
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # sbatch options hpc_train sets itself; passing them through --sbatch would contradict the plan.
 RESERVED_SBATCH = {"nodes", "ntasks-per-node", "ntasks", "output", "error", "job-name", "time", "partition", "gres"}
 SBATCH_KEY = re.compile(r"^[a-z][a-z0-9-]*$")
+AFTER_ID = re.compile(r"^[0-9]+(_[0-9]+)?$")
 
 
 class JobSpec(Model):
@@ -59,6 +62,12 @@ class JobSpec(Model):
     keep_checkpoints: int | None = Field(None, ge=1, description="how many complete checkpoints to keep")
     async_checkpoint: bool | None = Field(None, description="write periodic checkpoints in the background")
     exact_resume: bool | None = Field(None, description="fixed DDP gradient buckets so a resumed run is bit-identical")
+    # tensor / pipeline parallel layout (hpc_train.layout); checked against the resources by the plan
+    parallel: str | dict[str, int] | None = Field(None, description="process mesh sizes, e.g. 'dp=2,tp=2,pp=1'")
+    # dependencies (sbatch --dependency): start after these jobs or sweeps; hpc_train.sweep expands sweep ids
+    after: list[str] = Field(default_factory=list, description="job ids this job waits for (--after)")
+    after_type: Literal["afterok", "afterany", "afternotok", "after", "aftercorr"] = Field(
+        "afterok", description="how --after jobs must end: afterok (succeeded), afterany, afternotok, after (started)")
 
     _env_names = field_validator("env")(_check_env_names)
 
@@ -68,6 +77,26 @@ class JobSpec(Model):
         if value is not None:
             parse_slurm_time(value)
         return value
+
+    @field_validator("parallel")
+    @classmethod
+    def _parallel(cls, value: str | dict[str, int] | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            return canonical_layout(value)
+        except UsageError as exc:
+            raise ValueError(str(exc).replace("\n  hint: ", "; ")) from None
+
+    @field_validator("after", mode="before")
+    @classmethod
+    def _after(cls, value: Any) -> list[str]:
+        ids = [value] if isinstance(value, (str, int)) else list(value or [])
+        words = [w for item in ids for w in str(item).replace(":", ",").split(",") if w.strip()]
+        bad = [w for w in words if not AFTER_ID.match(w.strip())]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not a Slurm job id (like 1234 or 1234_5)")
+        return [w.strip() for w in words]
 
     @field_validator("job_name", "account", "qos", "reservation", "constraint", "partition", "mem")
     @classmethod

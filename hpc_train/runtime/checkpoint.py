@@ -220,7 +220,9 @@ class Checkpointer:
         async saving is on (training is blocked only while the state is copied), unless ``wait``."""
         runtime = self.ctx.runtime
         self._agree_on(self._finish_writer(), "the previous checkpoint")
-        tmp = self.folder / f"step-{step:08d}.tmp-{os.environ.get('SLURM_JOB_ID', os.getpid())}"
+        # every rank may write into it (engine or sharded state): all must name the same folder
+        suffix = os.environ.get("SLURM_JOB_ID") or runtime.gather_object(os.getpid())[0]
+        tmp = self.folder / f"step-{step:08d}.tmp-{suffix}"
         final = self.folder / f"step-{step:08d}"
         if self.ctx.is_main:
             shutil.rmtree(tmp, ignore_errors=True)

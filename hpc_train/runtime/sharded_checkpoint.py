@@ -1,0 +1,54 @@
+"""Sharded state (tensor-parallel DTensors, one pipeline stage per rank) through torch.distributed.checkpoint.
+
+Every rank writes its own shards into the checkpoint's ``engine/`` folder; the Checkpointer
+(checkpoint.py) does the rest exactly as for any backend: the folder is written under a temporary
+name, fsynced, renamed, and only then committed with its COMMIT marker, which records every file's
+size. So a requeued job restores only a checkpoint that every rank finished writing.
+
+Model and optimizer state are keyed by parameter name (``get_state_dict``), not by the optimizer's
+parameter index, so each pipeline stage's keys are distinct and a replicated tensor is written once.
+The optimizer state is flattened (``param_groups.<name>.lr``): nested, each stage's list of param
+groups would land under the same key and one stage's hyperparameters would overwrite the other's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _options() -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def _state(model: Any, optimizer: Any, scaler: Any) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, [optimizer] if optimizer is not None else [], options=_options())
+    state: dict[str, Any] = {"model": model_state}
+    if optimizer is not None:
+        state["optimizer"] = optim_state
+    if scaler is not None:
+        state["scaler"] = scaler.state_dict()
+    return state
+
+
+def save(folder: str, model: Any, optimizer: Any = None, scaler: Any = None) -> None:
+    """Every rank calls this (a collective); each writes its shards into ``folder``."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(_state(model, optimizer, scaler), checkpoint_id=folder)
+
+
+def load(folder: str, model: Any, optimizer: Any = None, scaler: Any = None) -> None:
+    """Every rank calls this; loads its shards in place (the layout must be the one that saved)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    state = _state(model, optimizer, scaler)
+    dcp.load(state, checkpoint_id=folder)
+    set_state_dict(model, [optimizer] if optimizer is not None else [], model_state_dict=state["model"],
+                   optim_state_dict=state.get("optimizer", {}), options=_options())
+    if scaler is not None and "scaler" in state:
+        scaler.load_state_dict(state["scaler"])
