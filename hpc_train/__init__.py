@@ -14,7 +14,7 @@ from hpc_train.errors import ConfigError, HpcTrainError, SchedulerError, UsageEr
 from hpc_train.hookspecs import hookimpl
 
 if TYPE_CHECKING:
-    from hpc_train.api import job, render, submit
+    from hpc_train.api import job, render, submit, sweep
     from hpc_train.config.job import JobSpec
     from hpc_train.config.loader import load_site
     from hpc_train.handle import JobHandle
@@ -23,6 +23,8 @@ _LAZY = {
     "submit": "hpc_train.api",
     "render": "hpc_train.api",
     "job": "hpc_train.api",
+    "sweep": "hpc_train.api",
+    "SweepHandle": "hpc_train.sweep_handle",
     "JobSpec": "hpc_train.config.job",
     "load_site": "hpc_train.config.loader",
     "JobHandle": "hpc_train.handle",
@@ -41,4 +43,5 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Backend", "ConfigError", "HpcTrainError", "JobHandle", "JobSpec", "LaunchInfo", "Raw", "SchedulerError",
     "UsageError", "Word", "__version__", "hookimpl", "job", "launch_shim", "load_site", "render", "submit",
+    "sweep", "SweepHandle",
 ]

@@ -91,6 +91,10 @@ def submit(target: str | os.PathLike[str] | Callable[..., Any], *args: Any, plug
     from hpc_train.executor import submit_plan
 
     plugins = plugins or default_plugins()
+    if options.get("after") is not None:  # handles and sweep ids become job ids
+        from hpc_train.sweep_handle import expand_after
+
+        options["after"] = expand_after(options["after"])
     if callable(target):
         job = make_job(**options)
         plan = plan_job(job, plugins, kind="function", function_name=getattr(target, "__name__", None))
@@ -101,6 +105,14 @@ def submit(target: str | os.PathLike[str] | Callable[..., Any], *args: Any, plug
         handle = submit_plan(plan, lambda p: render_plan(p, plugins))
     plugins.after_submit(handle, plan)
     return handle
+
+
+def sweep(target: str | os.PathLike[str] | JobSpec, *args: Any, over: Any, **options: Any) -> Any:
+    """Submit a script once per task of ``over`` (a grid ``{"lr": [...], "seed": [...]}`` or a list of
+    overrides) as Slurm job arrays; returns a SweepHandle. See hpc_train.sweep and docs/sweeps.md."""
+    from hpc_train.sweep import sweep as submit_sweep
+
+    return submit_sweep(target, *args, over=over, **options)
 
 
 def job(job_id: str) -> JobHandle:

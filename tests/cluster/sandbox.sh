@@ -30,6 +30,7 @@
 #   HPC_TRAIN_SANDBOX_PORT=16817 (slurmctld; slurmd = +1, slurmdbd = +2)
 #   HPC_TRAIN_SANDBOX_DB_PORT=13306 (MariaDB, bound to 127.0.0.1)
 #   HPC_TRAIN_SANDBOX_MIN_JOB_AGE=3600 (seconds finished jobs stay visible in squeue -j/scontrol)
+#   HPC_TRAIN_SANDBOX_MAX_ARRAY_SIZE=8  (job arrays hold at most this many tasks, indices 0..7)
 set -euo pipefail
 
 SANDBOX_DIR=${HPC_TRAIN_SANDBOX_DIR:-/tmp/hpc_train-sandbox}
@@ -46,6 +47,8 @@ SLURMD_PORT=$((CTLD_PORT + 1))
 DBD_PORT=$((CTLD_PORT + 2))
 DB_PORT=${HPC_TRAIN_SANDBOX_DB_PORT:-13306}
 MIN_JOB_AGE=${HPC_TRAIN_SANDBOX_MIN_JOB_AGE:-3600}
+# deliberately small: sweeps larger than this must be split into several arrays (issue 9)
+MAX_ARRAY_SIZE=${HPC_TRAIN_SANDBOX_MAX_ARRAY_SIZE:-8}
 CLUSTER_NAME=htsandbox
 
 INSTALL_HINT="run: bash $(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/install-deps.sh"
@@ -233,6 +236,7 @@ ReturnToService=2
 SlurmdTimeout=60
 KillWait=5
 MinJobAge=$MIN_JOB_AGE
+MaxArraySize=$MAX_ARRAY_SIZE
 SchedulerType=sched/backfill
 SchedulerParameters=batch_sched_delay=0
 SlurmdParameters=config_overrides

@@ -1,0 +1,336 @@
+"""Sweeps: one job over a grid (or a list) of overrides, submitted as Slurm job arrays.
+
+Every task of a sweep runs the same script; the array index picks the task's overrides, which reach
+the script twice: as arguments (``--lr 0.001``) and in the environment (``HPC_TRAIN_SWEEP_LR``, plus
+all of them as JSON in ``HPC_TRAIN_SWEEP_OVERRIDES``). Each task has its own folder
+``<sweep folder>/<task>/`` for its logs, checkpoints and requeue bookkeeping, so requeue works per task.
+
+A sweep larger than the cluster's MaxArraySize becomes several arrays (read once per process from
+``scontrol show config``); a ``%`` concurrency limit stays a limit on the whole sweep by starting
+each further array after the one before it. The handle (hpc_train.sweep_handle) treats them as one.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+import time
+import types
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpc_train.backend import Raw
+from hpc_train.errors import SchedulerError, UsageError
+from hpc_train.shell import join, quote
+
+if TYPE_CHECKING:
+    from hpc_train.config.job import JobSpec
+    from hpc_train.plan import JobPlan
+    from hpc_train.plugins import Plugins
+    from hpc_train.sweep_handle import SweepHandle
+
+KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+DEFAULT_MAX_ARRAY_SIZE = 1001  # Slurm's default when the configuration does not say
+ARGS_WORD = Raw('"${hpc_train_sweep_args[@]}"')  # the task's overrides, after the user's script arguments
+ENV_PREFIX = "HPC_TRAIN_SWEEP_"
+RESERVED_ENV = {ENV_PREFIX + "TASK", ENV_PREFIX + "FOLDER", ENV_PREFIX + "OVERRIDES"}
+
+Overrides = dict[str, str]
+
+
+# -- what to run -----------------------------------------------------------------------------
+def _text(value: Any, where: str) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (str, int, float)):
+        return value if isinstance(value, str) else repr(value) if isinstance(value, float) else str(value)
+    raise UsageError(f"{where}: {value!r} is a {type(value).__name__}; sweep values are strings or numbers")
+
+
+def _check_key(key: Any, where: str) -> str:
+    if not isinstance(key, str) or not KEY.match(key):
+        raise UsageError(f"{where}: {key!r} is not a usable override name",
+                         hint="names start with a letter or _ and hold letters, digits, _ . - (it becomes --NAME and an env var)")
+    return key
+
+
+def env_name(key: str) -> str:
+    return ENV_PREFIX + re.sub(r"[^A-Za-z0-9]", "_", key).upper()
+
+
+def expand(over: Mapping[str, Iterable[Any]] | Sequence[Mapping[str, Any]]) -> list[Overrides]:
+    """The tasks of a sweep: a grid (``{"lr": [...], "seed": [...]}``, the last key varying fastest)
+    or an explicit list of overrides (``[{"lr": 1e-3}, {"lr": 1e-4, "warmup": 100}]``)."""
+    if isinstance(over, Mapping):
+        keys = [_check_key(k, "over") for k in over]
+        axes = []
+        for key in keys:
+            values = over[key]
+            if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+                raise UsageError(f"over[{key!r}]: expected a list of values, got {values!r}",
+                                 hint=f"over={{{key!r}: [{values!r}]}} for a single value")
+            values = [_text(v, f"over[{key!r}]") for v in values]
+            if not values:
+                raise UsageError(f"over[{key!r}] is empty: a grid with an empty axis has no tasks")
+            axes.append(values)
+        tasks = [dict(zip(keys, combo)) for combo in itertools.product(*axes)]
+    else:
+        tasks = []
+        for i, item in enumerate(over):
+            if not isinstance(item, Mapping):
+                raise UsageError(f"over[{i}]: expected a mapping of overrides, got {item!r}")
+            tasks.append({_check_key(k, f"over[{i}]"): _text(v, f"over[{i}][{k!r}]") for k, v in item.items()})
+    if not tasks:
+        raise UsageError("the sweep has no tasks", hint="over={'lr': [1e-4, 3e-4]} or over=[{'lr': 1e-4}, ...]")
+    names: dict[str, str] = {}
+    for key in {k for task in tasks for k in task}:
+        if env_name(key) in RESERVED_ENV:
+            raise UsageError(f"override {key!r} would set {env_name(key)}, which hpc_train sets itself; rename it")
+        other = names.setdefault(env_name(key), key)
+        if other != key:
+            raise UsageError(f"overrides {other!r} and {key!r} would share the variable {env_name(key)}; rename one")
+    return tasks
+
+
+def parse_cli(items: Sequence[str]) -> dict[str, list[str]]:
+    """``--sweep lr=1e-4,3e-4 --sweep seed=0,1,2`` → a grid (values stay as typed)."""
+    grid: dict[str, list[str]] = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--sweep {item!r}: expected NAME=V1,V2,...", hint="e.g. --sweep lr=1e-4,3e-4")
+        if key in grid:
+            raise UsageError(f"--sweep {key} is given twice; put all its values in one: --sweep {key}=V1,V2")
+        grid[_check_key(key, f"--sweep {item}")] = [v for v in values.split(",")]
+        if not values or any(v == "" for v in grid[key]):
+            raise UsageError(f"--sweep {item!r}: an empty value", hint="values are separated by commas")
+    return grid
+
+
+# -- the cluster's limit ---------------------------------------------------------------------
+@functools.cache
+def _max_array_size(slurm_conf: str | None) -> int:
+    try:
+        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30, check=False)
+    except FileNotFoundError:
+        raise SchedulerError("scontrol", "scontrol not found on PATH", "run this on a login node of the cluster") from None
+    except subprocess.TimeoutExpired:
+        raise SchedulerError(["scontrol", "show", "config"], "timed out after 30 s", "is slurmctld up? `scontrol ping` tells") from None
+    if out.returncode != 0:
+        raise SchedulerError(["scontrol", "show", "config"], out.stderr)
+    return parse_max_array_size(out.stdout)
+
+
+def parse_max_array_size(config: str) -> int:
+    """MaxArraySize from ``scontrol show config`` (Slurm's default when it is not there)."""
+    match = re.search(r"^MaxArraySize\s*=\s*(\d+)", config, re.MULTILINE)
+    return int(match.group(1)) if match else DEFAULT_MAX_ARRAY_SIZE
+
+
+def max_array_size() -> int:
+    """The cluster's MaxArraySize: an array holds at most this many tasks (indices 0..N-1).
+    Asked once per process and SLURM_CONF: sweeps must not cost the controller a call each."""
+    size = _max_array_size(os.environ.get("SLURM_CONF"))
+    if size < 1:
+        raise UsageError("this cluster has job arrays switched off (MaxArraySize = 0); sweeps need them")
+    return size
+
+
+def split(tasks: Sequence[int], size: int) -> list[list[int]]:
+    return [list(tasks[i:i + size]) for i in range(0, len(tasks), size)]
+
+
+# -- one array's script ----------------------------------------------------------------------
+@dataclass
+class ArrayPart:
+    """One array of a sweep, as its script sees it: array index i runs sweep task ``tasks[i]``."""
+
+    folder: str  # the sweep's folder; task t works in <folder>/<t>
+    tasks: list[int]
+    overrides: list[Overrides]  # the whole sweep's, by task
+    lines: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.lines = self._lines()
+
+    def _lines(self) -> list[str]:
+        lines = [
+            f"# sweep task {self.tasks[0]}..{self.tasks[-1]} of {len(self.overrides)}: the array index picks one; its overrides",
+            "# reach the script as arguments and as HPC_TRAIN_SWEEP_* (all of them as JSON in HPC_TRAIN_SWEEP_OVERRIDES)",
+            'case "${SLURM_ARRAY_TASK_ID}" in',
+        ]
+        for index, task in enumerate(self.tasks):
+            values = self.overrides[task]
+            args = [word for key, value in values.items() for word in (f"--{key}", value)]
+            env = [f"{env_name(k)}={quote(v)}" for k, v in values.items()]
+            env.append(f"HPC_TRAIN_SWEEP_OVERRIDES={quote(json.dumps(values, sort_keys=False))}")
+            lines.append(f"    {index}) HPC_TRAIN_SWEEP_TASK={task}; hpc_train_sweep_args=({join(args)}); "
+                         f"export {' '.join(env)} ;;")
+        lines += [
+            '    *) echo "hpc_train: array index ${SLURM_ARRAY_TASK_ID} is not part of this sweep" >&2; exit 1 ;;',
+            "esac",
+            f"export HPC_TRAIN_SWEEP_TASK HPC_TRAIN_SWEEP_FOLDER={quote(self.folder)}",
+            'export HPC_TRAIN_JOB_FOLDER="${HPC_TRAIN_SWEEP_FOLDER}/${HPC_TRAIN_SWEEP_TASK}"',
+            'mkdir -p "${HPC_TRAIN_JOB_FOLDER}"',
+            "# srun names its logs by array id and index only: a link leads them into the task's folder",
+            'ln -sfn "../${HPC_TRAIN_SWEEP_TASK}" "${HPC_TRAIN_SWEEP_FOLDER}/slurm/${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
+        ]
+        return lines
+
+
+def array_directives(plan: JobPlan, part: ArrayPart, limit: int | None, after_array: str | None) -> list[tuple[str, Any]]:
+    """The plan's #SBATCH options for one array: its index range and limit, logs in the sweep folder,
+    and (for a concurrency-limited sweep split in several arrays) a start after the previous array."""
+    directives = dict(plan.directives)
+    n = len(part.tasks)
+    directives["array"] = f"0-{n - 1}" + (f"%{limit}" if limit and limit < n else "")
+    # the batch shell's own messages; each task's processes write to their task folder (srun --output)
+    directives["output"] = os.path.join(part.folder, "slurm", "%A_%a.out")
+    directives["error"] = os.path.join(part.folder, "slurm", "%A_%a.err")
+    if after_array:
+        own = directives.get("dependency")
+        directives["dependency"] = f"{own},afterany:{after_array}" if own else f"afterany:{after_array}"
+        directives.setdefault("kill-on-invalid-dep", "yes")
+    return sorted(directives.items())
+
+
+# -- submission ------------------------------------------------------------------------------
+def new_folder(job_root: str) -> Path:
+    """A sweep's folder, made before anything is submitted (scripts and #SBATCH paths name it).
+    Its name needs no look at what is already in job_root, so submitting stays as fast with
+    thousands of old job folders there as with none."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path(job_root) / f"sweep-{stamp}-{secrets.token_hex(3)}"
+
+
+def sweep_plan(job: JobSpec, plugins: Plugins) -> JobPlan:
+    from hpc_train.api import JOB_SOURCE, resolve_site
+    from hpc_train.errors import ConfigError, Problem
+    from hpc_train.plan import build_plan
+
+    if not job.script:
+        raise ConfigError(Problem(JOB_SOURCE, "script", "no training script given"))
+    script = Path(job.workdir or ".") / os.path.expanduser(job.script)
+    if not script.is_file():
+        raise ConfigError(Problem(JOB_SOURCE, "script", f"training script {job.script!r} not found",
+                                  hint=f"looked in {script.parent.resolve()}"))
+    if "array" in job.sbatch:
+        raise UsageError("--sbatch array=... conflicts with the sweep, which sets the array itself",
+                         hint="use --max-concurrent N for a concurrency limit")
+    resolved = resolve_site(job.site, plugins)
+    plan = build_plan(job, resolved, plugins, extra_script_args=(ARGS_WORD,))
+    if plan.scheduler != "slurm":
+        raise UsageError(f"site {plan.site.name!r} runs jobs on this machine; sweeps are Slurm job arrays",
+                         hint="submit the sweep to a Slurm site (--site NAME)")
+    return plan
+
+
+def submit_arrays(
+    plan: JobPlan,
+    render: Callable[[JobPlan], str],
+    folder: Path,
+    overrides: list[Overrides],
+    tasks: Sequence[int],
+    limit: int | None,
+) -> list[dict[str, Any]]:
+    """Submit ``tasks`` of the sweep as as few arrays as MaxArraySize allows; returns
+    ``[{"job_id": ..., "tasks": [...]}, ...]`` in submission order."""
+    from submitit.core.utils import FailedJobError, FailedSubmissionError
+
+    from hpc_train.executor import TemplateSlurmExecutor, _login_env
+
+    _login_env(plan)
+    # Slurm makes no folders: #SBATCH --output needs this one; each task makes its own (ArrayPart.lines)
+    (folder / "slurm").mkdir(parents=True, exist_ok=True)
+    arrays: list[dict[str, Any]] = []
+    previous: str | None = None
+    for chunk in split(list(tasks), max_array_size()):
+        part = ArrayPart(str(folder), chunk, overrides)
+        plan.sweep = part
+        plan.directives = array_directives(plan, part, limit, previous if limit else None)
+        text = render(plan)
+        executor = TemplateSlurmExecutor(str(folder / "slurm"), lambda _command, text=text: text, python=plan.python)
+        try:
+            job = executor._submit_command("")
+        except FailedJobError as exc:
+            raise SchedulerError(["sbatch", "<array script>"], str(exc), "is slurmctld up? `scontrol ping` tells") from None
+        except (FailedSubmissionError, FileNotFoundError) as exc:
+            raise SchedulerError(["sbatch", "<array script>"], str(exc)) from None
+        previous = str(job.job_id)
+        arrays.append({"job_id": previous, "tasks": chunk})
+    plan.sweep = None
+    return arrays
+
+
+def sweep(
+    target: str | os.PathLike[str] | JobSpec,
+    *args: Any,
+    over: Mapping[str, Iterable[Any]] | Sequence[Mapping[str, Any]],
+    max_concurrent: int | None = None,
+    plugins: Plugins | None = None,
+    **options: Any,
+) -> SweepHandle:
+    """Submit ``target`` (a script path with its arguments and job options, or a JobSpec) once per
+    task of ``over``; returns one handle for the whole sweep."""
+    from hpc_train.api import make_job, render_plan
+    from hpc_train.config.job import JobSpec
+    from hpc_train.plugins import default_plugins
+    from hpc_train.sweep_handle import SweepHandle, SweepRecord, expand_after
+
+    if max_concurrent is not None and (not isinstance(max_concurrent, int) or max_concurrent < 1):
+        raise UsageError(f"max_concurrent must be a whole number ≥ 1, got {max_concurrent!r}")
+    plugins = plugins or default_plugins()
+    overrides = expand(over)
+    if isinstance(target, JobSpec):
+        if args or options:
+            raise UsageError("give job options either in the JobSpec or as keywords, not both")
+        job = target
+    else:
+        options["after"] = expand_after(options.get("after"))
+        job = make_job(script=os.fspath(target), script_args=[str(a) for a in args], **options)
+    plan = sweep_plan(job, plugins)
+    from hpc_train.executor import _make_job_root
+
+    _make_job_root(plan)
+    folder = new_folder(plan.job_root)
+    arrays = submit_arrays(plan, lambda p: render_plan(p, plugins), folder, overrides, range(len(overrides)), max_concurrent)
+    stored = job.model_copy(update={"workdir": plan.workdir})  # a resubmission from elsewhere runs in the same place
+    record = SweepRecord(
+        sweep_id=arrays[0]["job_id"],
+        folder=str(folder),
+        site=plan.site.name,
+        backend=plan.backend_name,
+        job_name=plan.job_name,
+        nodes=plan.nodes,
+        procs_per_node=plan.procs_per_node,
+        tasks_per_node=plan.tasks_per_node,
+        slurm_conf=os.environ.get("SLURM_CONF"),
+        submitted_at=time.time(),
+        requeue=plan.requeue,
+        release_held=plan.release_held and plan.requeue,
+        max_concurrent=max_concurrent,
+        overrides=overrides,
+        arrays=arrays,
+        job=stored.model_dump(mode="json"),
+    )
+    record.save()
+    return SweepHandle(record)
+
+
+class _CallableModule(types.ModuleType):
+    """``hpc_train.sweep(...)`` is the API and ``hpc_train.sweep`` this module: once the module is
+    imported it shadows the package's lazy attribute, so the module itself must be callable."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> SweepHandle:
+        return sweep(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
