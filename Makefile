@@ -26,7 +26,7 @@ venv: $(PY)
 # editable install plus the job-side dependencies (torch pinned first so nothing pulls another build)
 install: venv
 	$(PIP) install -q "$(TORCH)" numpy
-	$(PIP) install -q -e ".[test]" "$(TORCH)"
+	$(PIP) install -q -e ".[test,runtime,report]" "$(TORCH)"
 
 # the backends' frameworks: DeepSpeed and mpi4py from PyPI (torch pinned), Horovod built against our torch
 backends: install
@@ -66,6 +66,7 @@ bench: install
 	$(PY) bench/runtime_overhead.py
 	$(PY) bench/runtime_overhead.py --hidden 1024
 	$(PY) bench/checkpoint.py
+	$(PY) bench/metrics_overhead.py
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache

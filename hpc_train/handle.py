@@ -141,6 +141,10 @@ class JobHandle:
             state = state.split()[0] if state else "UNKNOWN"  # "CANCELLED by 0" -> "CANCELLED"
         return state
 
+    def scheduler_info(self) -> dict[str, str]:
+        """The controller's fields for the job (JobState, Reason, NodeList, RunTime, ...); {} when unknown."""
+        return {} if self.record.scheduler == "local" else self._controller_info()
+
     def _controller_info(self) -> dict[str, str]:
         """``scontrol show job``'s fields, or {} once the controller no longer knows the job."""
         self._ensure_scheduler_env()

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
+from hpc_train import nccl
 from hpc_train.backend import Backend, LaunchInfo, Raw, Word
 from hpc_train.config.errors import problems_from_validation
 from hpc_train.config.job import JobSpec
@@ -21,6 +22,8 @@ from hpc_train.config.loader import ResolvedSite, display_path
 from hpc_train.config.models import Partition, SiteConfig
 from hpc_train.config.slurm_time import format_slurm_time, parse_slurm_time
 from hpc_train.errors import ConfigError, Problem, did_you_mean
+from hpc_train.layout import ENV_VAR as LAYOUT_ENV
+from hpc_train.layout import problems as check_layout
 
 if TYPE_CHECKING:
     from hpc_train.plugins import Plugins
@@ -68,6 +71,8 @@ class JobPlan:
     backend_cleanup: list[str] = field(default_factory=list)
     function_command: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    warnings: list[Problem] = field(default_factory=list)  # worth saying, not worth stopping for (render prints them)
+    sweep: Any = None  # hpc_train.sweep.ArrayPart: this script is one array of a sweep (its tasks, their overrides)
 
     @property
     def backend_name(self) -> str:
@@ -80,10 +85,14 @@ class JobPlan:
 
     @property
     def stdout_pattern(self) -> str:
+        if self.sweep is not None:  # a link to the sweep task's own folder, made by the script (hpc_train.sweep)
+            return os.path.join(self.sweep.folder, "slurm", "%A_%a", "%t_log.out")
         return os.path.join(self.folder, "%j_%t_log.out")
 
     @property
     def stderr_pattern(self) -> str:
+        if self.sweep is not None:
+            return os.path.join(self.sweep.folder, "slurm", "%A_%a", "%t_log.err")
         return os.path.join(self.folder, "%j_%t_log.err")
 
     @property
@@ -103,6 +112,7 @@ def build_plan(
     *,
     kind: Literal["script", "function"] = "script",
     function_name: str | None = None,
+    extra_script_args: tuple[Word, ...] = (),
 ) -> JobPlan:
     site = resolved.config
     problems: list[Problem] = []
@@ -150,10 +160,11 @@ def build_plan(
             problem("time", f"{format_slurm_time(time_seconds)} exceeds partition {part_name!r}'s limit {format_slurm_time(limit)}")
 
     # --- NCCL profile ------------------------------------------------------------------
-    profile = job.nccl_profile or part.nccl_profile
-    if job.nccl_profile and job.nccl_profile not in site.nccl_profiles:
-        problem("nccl_profile", f"site {site.name!r} has no NCCL profile {job.nccl_profile!r}",
-                did_you_mean(job.nccl_profile, site.nccl_profiles, "profile"))
+    # inheritance (extends) and "+debug" overlays are resolved in hpc_train.nccl
+    selection = nccl.select(site.nccl_profiles, job.nccl_profile, part.nccl_profile, site.name)
+    profile = selection.label
+    for message, hint in selection.problems:
+        problem("nccl_profile", message, hint)
 
     if (job.container or job.container_image) and site.container.runtime == "none":
         problem("container", f"site {site.name!r} has no container runtime (container.runtime in the site file)")
@@ -168,6 +179,14 @@ def build_plan(
     if requeue and time_seconds is not None and grace >= time_seconds:
         problem("signal_grace", f"the warning ({grace} s before the limit) must come after the job starts "
                 f"(time limit {format_slurm_time(time_seconds)})")
+
+    # --- tensor / pipeline parallel layout --------------------------------------------------
+    layout = None
+    if job.parallel is not None:
+        layout, layout_problems = check_layout(job.parallel, nodes=job.nodes, procs_per_node=procs, gpus_per_node=gpus,
+                                               backend=job.backend, backend_axes=getattr(backend_cls, "parallel_axes", None))
+        for message, hint in layout_problems:
+            problem("parallel", message, hint)
 
     # --- site policy from plugins --------------------------------------------------------
     for message in plugins.validate_job(job, site):
@@ -195,8 +214,8 @@ def build_plan(
 
     put(site.env, "site")
     put(part.env, f"partition {part_name}")
-    if profile and profile in site.nccl_profiles:
-        put(site.nccl_profiles[profile], f"nccl profile {profile}")
+    for var_name, var_value, var_source in selection.variables:
+        put({var_name: var_value}, var_source)
     put({f"HPC_TRAIN_{key.upper()}_DIR": _expand(value, workdir) for key, value in site.storage.items()}, "site storage")
     info = LaunchInfo(
         scheduler=site.scheduler,
@@ -205,7 +224,7 @@ def build_plan(
         gpus_per_node=gpus,
         python=python,
         script=script,
-        script_args=tuple(job.script_args),
+        script_args=(*job.script_args, *extra_script_args),  # extra: a sweep task's overrides (Raw)
         master_port=site.master_port,
         job_folder=job_root,
         cpus_per_proc=job.cpus_per_task or (part.cpus_per_node // procs if part.cpus_per_node else None),
@@ -232,6 +251,8 @@ def build_plan(
         "HPC_TRAIN_EXACT_RESUME": None if job.exact_resume is None else int(job.exact_resume),
     }
     put({k: str(v) for k, v in checkpointing.items() if v is not None}, "job")
+    if layout is not None:
+        put({LAYOUT_ENV: str(layout)}, "job")  # the runtime builds its device mesh from this
     put(dict(job.env), "job")
     put({
         "HPC_TRAIN_SITE": site.name,
@@ -275,6 +296,9 @@ def build_plan(
         directives.update(part.sbatch)
         directives.update(plugins.sbatch_directives(job, site, backend.name))
         directives.update(job.sbatch)
+        if job.after:  # a dependency that can never be met cancels the job instead of leaving it pending
+            directives.setdefault("dependency", f"{job.after_type}:" + ":".join(job.after))
+            directives.setdefault("kill-on-invalid-dep", "yes")
     sorted_directives = sorted((k, v) for k, v in directives.items() if v is not None and v is not False)
 
     launch: list[Word] = backend.launch(info) if kind == "script" else []
@@ -312,5 +336,6 @@ def build_plan(
         backend_setup=setup_lines,
         backend_cleanup=cleanup_lines,
     )
+    plan.warnings = nccl.job_warnings(selection, site, part_name, resolved.provenance, site_file)
     plan.extra = plugins.template_context(plan)
     return plan

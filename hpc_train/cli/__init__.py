@@ -12,8 +12,10 @@ from hpc_train.errors import HpcTrainError
 
 # Each module defines ``register(subparsers)`` and ``run(args) -> int``.
 COMMANDS = (
-    "render", "submit", "status", "logs", "cancel",
+    "render", "submit", "status", "logs", "cancel", "resubmit",
     "sites", "site", "backends", "plugins", "validate",
+    "report",
+    "doctor", "preflight",
 )
 
 

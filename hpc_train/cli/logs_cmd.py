@@ -1,4 +1,4 @@
-"""``logs JOB [--rank N] [--follow]``: a rank's output (rank 0 by default)."""
+"""``logs JOB [--rank N | --all] [--follow]``: a rank's output (rank 0 by default), or every rank's, prefixed."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("job_id")
     parser.add_argument("--rank", type=int, default=0, help="whose output (default: rank 0)")
     parser.add_argument("--stderr", action="store_true", help="the error stream instead of the output")
-    parser.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
+    parser.add_argument("--all", action="store_true", help="every rank's output, each line prefixed with its ranks")
+    parser.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends (through requeues)")
     return parser
 
 
@@ -23,7 +24,14 @@ def run(args: argparse.Namespace) -> int:
     if args.follow:
         from hpc_train.follow import follow
 
-        follow(handle, rank=args.rank, stream=stream)
+        follow(handle, rank=args.rank, stream=stream, all_ranks=args.all)
+        return 0
+    if args.all:
+        from hpc_train.follow import print_logs
+
+        if not print_logs(handle, stream):
+            print(f"no {stream} yet for job {handle.job_id}; state: {handle.state}", file=sys.stderr)
+            return 1
         return 0
     path = handle.log_path(args.rank, stream)
     if not path.exists():

@@ -16,7 +16,8 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--backend", default="torchrun", help="distributed backend (default: torchrun)")
     g.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE", help="backend option (repeatable)")
     g.add_argument("--deepspeed-config", metavar="JSON", help="your ds_config (deepspeed backend); the job's settings are merged over it")
-    g.add_argument("--nccl-profile", help="NCCL/fabric profile from the site file")
+    g.add_argument("--nccl-profile", help="NCCL/fabric profile from the site file (PROFILE+OVERLAY stacks them)")
+    g.add_argument("--nccl-debug", action="store_true", help="add the site's debug overlay (NCCL_DEBUG=INFO, flight recorder, ...)")
     g.add_argument("--env", "-e", action="append", default=[], metavar="NAME=VALUE", help="environment variable (repeatable)")
     g.add_argument("--python", help="python on the compute nodes (default: this interpreter)")
     g.add_argument("--container", action=argparse.BooleanOptionalAction, default=None,
@@ -31,6 +32,10 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--comm-hook", choices=["none", "fp16", "bf16", "powersgd"], help="DDP gradient compression")
     t.add_argument("--activation-checkpointing", action="store_true", default=None,
                    help="recompute activations in backward (less memory)")
+    t.add_argument("--metrics", action=argparse.BooleanOptionalAction, default=None,
+                   help="record step time, throughput, loss, communication (default on; see `report`)")
+    t.add_argument("--parallel", metavar="dp=N,tp=N,pp=N",
+                   help="data/tensor/pipeline parallel layout; dp x tp x pp = nodes x processes per node")
     c = parser.add_argument_group("preemption, time limits and checkpoints")
     c.add_argument("--requeue", action=argparse.BooleanOptionalAction, default=None,
                    help="save and requeue before the time limit or on the warning signal (default: the site's)")
@@ -58,6 +63,20 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--constraint", "-C")
     r.add_argument("--sbatch", action="append", default=[], metavar="OPTION=VALUE",
                    help="any other sbatch option, e.g. --sbatch mail-type=END (repeatable)")
+    d = parser.add_argument_group("dependencies")
+    d.add_argument("--after", action="append", default=[], metavar="JOB",
+                   help="start after this job or sweep (repeatable; ids may be comma-separated)")
+    d.add_argument("--after-type", choices=["afterok", "afterany", "afternotok", "after", "aftercorr"],
+                   help="how the --after jobs must end (default afterok: succeeded; afterany: ended at all)")
+
+
+def add_sweep_options(parser: argparse.ArgumentParser) -> None:
+    """``submit``'s sweep options: one job becomes a job array over these values (hpc_train.sweep)."""
+    s = parser.add_argument_group("sweeps (Slurm job arrays)")
+    s.add_argument("--sweep", action="append", default=[], metavar="NAME=V1,V2",
+                   help="run once per value, as --NAME V and $HPC_TRAIN_SWEEP_NAME (repeatable: a grid)")
+    s.add_argument("--max-concurrent", "--array-parallelism", type=int, metavar="N", dest="max_concurrent",
+                   help="at most N sweep tasks run at once (the array's %%N)")
 
 
 def _pairs(values: list[str], flag: str, typed: bool = False) -> dict[str, Any]:
@@ -76,6 +95,11 @@ def _pairs(values: list[str], flag: str, typed: bool = False) -> dict[str, Any]:
         else:
             out[key] = value
     return out
+
+
+def _metrics_env(metrics: bool | None) -> dict[str, str]:
+    """--no-metrics reaches the job as HPC_TRAIN_METRICS=0 (read by hpc_train.runtime.metrics)."""
+    return {} if metrics is None else {"HPC_TRAIN_METRICS": "1" if metrics else "0"}
 
 
 def job_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -101,8 +125,8 @@ def job_options(args: argparse.Namespace) -> dict[str, Any]:
         "qos": args.qos,
         "reservation": args.reservation,
         "constraint": args.constraint,
-        "env": _pairs(args.env, "--env"),
-        "nccl_profile": args.nccl_profile,
+        "env": {**_pairs(args.env, "--env"), **_metrics_env(getattr(args, "metrics", None))},
+        "nccl_profile": (args.nccl_profile or "") + "+debug" if args.nccl_debug else args.nccl_profile,
         "backend_options": {**_pairs(args.option, "--option", typed=True),
                             **({"config": args.deepspeed_config} if args.deepspeed_config else {})},
         "sbatch": sbatch,
@@ -116,6 +140,7 @@ def job_options(args: argparse.Namespace) -> dict[str, Any]:
         "grad_accum": args.grad_accum,
         "comm_hook": args.comm_hook,
         "activation_checkpointing": args.activation_checkpointing,
+        "parallel": args.parallel,
         "requeue": args.requeue,
         "max_restarts": args.max_restarts,
         "signal_grace": args.signal_grace,
@@ -124,5 +149,7 @@ def job_options(args: argparse.Namespace) -> dict[str, Any]:
         "keep_checkpoints": args.keep_checkpoints,
         "async_checkpoint": args.async_checkpoint,
         "exact_resume": args.exact_resume,
+        "after": list(args.after) or None,
+        "after_type": args.after_type,
     }
     return {k: v for k, v in options.items() if v is not None}

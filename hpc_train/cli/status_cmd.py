@@ -1,4 +1,4 @@
-"""``status JOB``: the scheduler's state, where it runs, where its logs are."""
+"""``status JOB [--watch]``: the scheduler's state, where it runs, where its logs are; or its life as it goes."""
 
 from __future__ import annotations
 
@@ -7,16 +7,28 @@ import json
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = sub.add_parser("status", help="state of a submitted job")
+    parser = sub.add_parser("status", help="state of a submitted job or sweep")
     parser.add_argument("job_id")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--watch", "-w", action="store_true",
+                        help="follow the job until it ends: pending reason, nodes, requeues, step and loss")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     from hpc_train.handle import JobHandle
+    from hpc_train.sweep_handle import SweepRecord
 
+    if SweepRecord.exists(args.job_id):  # a sweep: counts per state and its failed tasks
+        from hpc_train.cli.resubmit_cmd import print_status
+
+        return print_status(args.job_id, args.json)
     handle = JobHandle.from_id(args.job_id)
+    if args.watch:
+        from hpc_train.progress import watch
+
+        watch(handle)
+        return 0
     record = handle.record
     info = handle.accounting() if record.scheduler == "slurm" else {}
     state = handle.state

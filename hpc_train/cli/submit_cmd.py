@@ -5,15 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hpc_train.cli.options import add_job_options, job_options
+from hpc_train.cli.options import add_job_options, add_sweep_options, job_options
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser("submit", help="submit a training script",
                             description="Submit a training script; arguments after -- go to the script.")
     add_job_options(parser)
+    add_sweep_options(parser)
     w = parser.add_argument_group("after submitting")
-    w.add_argument("--wait", action="store_true", help="return when the job ends, with its exit status")
+    w.add_argument("--wait", action="store_true",
+                   help="show the job's progress and return when it ends, with its exit status")
     w.add_argument("--follow", "-f", action="store_true", help="stream rank 0's output until the job ends (implies --wait)")
     w.add_argument("--parsable", action="store_true", help="print only the job id, as sbatch --parsable does")
     return parser
@@ -25,6 +27,10 @@ def run(args: argparse.Namespace) -> int:
     options = job_options(args)
     script = options.pop("script")
     script_args = options.pop("script_args")
+    if args.sweep or args.max_concurrent is not None:
+        from hpc_train.cli.resubmit_cmd import submit_sweep
+
+        return submit_sweep(args, script, script_args, options)
     handle = submit(script, *script_args, **options)
     if args.parsable:
         print(handle.job_id)
@@ -42,8 +48,12 @@ def run(args: argparse.Namespace) -> int:
         from hpc_train.follow import follow
 
         state = follow(handle)
-    else:
+    elif args.parsable:
         state = handle.wait()
+    else:
+        from hpc_train.progress import watch
+
+        state = watch(handle, sys.stderr)  # stderr: stdout stays the submission's few lines
     code = handle.exit_code()
     if not args.parsable:
         print(f"job {handle.job_id} {state} (exit {code})", file=sys.stderr)

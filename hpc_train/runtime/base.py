@@ -29,6 +29,7 @@ class BackendRuntime:
         self.optimizer: Any = None
         self.scaler: Any = None
         self.micro_step = 0
+        self.metrics: Any = None  # the Context's MetricsRecorder (times the DDP comm hook); None when off
 
     # -- setup ---------------------------------------------------------------------------
     @functools.cached_property
@@ -101,18 +102,23 @@ class BackendRuntime:
 
     def _register_comm_hook(self, ddp: Any) -> None:
         hook = self.options.comm_hook
-        if hook == "none":
+        if hook == "none" and self.metrics is None:
             return
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-        if hook == "fp16":
-            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        state: Any = None
+        fn: Any
+        if hook == "none":
+            fn = None  # DDP's own averaging all-reduce, timed by the metrics' hook
+        elif hook == "fp16":
+            fn = default_hooks.fp16_compress_hook
         elif hook == "bf16":
-            ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+            fn = default_hooks.bf16_compress_hook
         else:
             # start compressing after a short warm-up of exact all-reduces, as the PowerSGD paper advises
             state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=10)
-            ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+            fn = powerSGD_hook.powerSGD_hook
+        ddp.register_comm_hook(state, fn if self.metrics is None else self.metrics.comm_hook(fn))
 
     def set_gradient_sync(self, sync: bool) -> None:
         """Whether the next backward all-reduces (off for accumulation micro-steps)."""

@@ -12,7 +12,9 @@ from hpc_train.runtime.base import BackendRuntime, apply_activation_checkpointin
 from hpc_train.runtime.checkpoint import Checkpointer
 from hpc_train.runtime.data import DistributedLoader, batches
 from hpc_train.runtime.environment import DistEnv, detect
+from hpc_train.runtime.metrics import recorder_for
 from hpc_train.runtime.options import RuntimeOptions
+from hpc_train.runtime.parallel import ParallelState, with_layout
 
 DEFAULT_RUNTIME = "hpc_train.runtime.base:BackendRuntime"
 
@@ -20,11 +22,13 @@ DEFAULT_RUNTIME = "hpc_train.runtime.base:BackendRuntime"
 class Context:
     """Where this process stands (rank, world, device) and how it trains (prepare, backward, step)."""
 
-    def __init__(self, env: DistEnv, backend: str, runtime: BackendRuntime) -> None:
+    def __init__(self, env: DistEnv, backend: str, runtime: BackendRuntime, *, metrics: bool = True) -> None:
         self.env = env
         self.backend = backend
         self.runtime = runtime
         self.options = runtime.options
+        # per-step metrics (hpc_train.runtime.metrics); None when off (HPC_TRAIN_METRICS=0)
+        self.metrics = runtime.metrics = recorder_for(backend, runtime, default=metrics)
 
     # -- identity ----------------------------------------------------------------------------
     rank = property(lambda self: self.env.rank)
@@ -53,16 +57,23 @@ class Context:
         checkpointing = self.options.activation_checkpointing if activation_checkpointing is None else activation_checkpointing
         if checkpointing:
             apply_activation_checkpointing(model, checkpointing if isinstance(checkpointing, tuple) else None)
-        return self.runtime.prepare(model, optimizer)
+        model, optimizer = self.runtime.prepare(model, optimizer)
+        if self.metrics is not None:
+            self.metrics.watch(model)
+        return model, optimizer
 
     def loader(self, dataset: Any, batch_size: int, *, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
                **loader_kwargs: Any) -> DistributedLoader:
         """This rank's shard of ``dataset``; each pass is a new, consistently shuffled epoch."""
-        return DistributedLoader(dataset, batch_size, self.env.rank, self.env.world_size, shuffle=shuffle, seed=seed,
+        # with a --parallel layout the ranks of one tp group / pipeline read the same batches: shard by dp
+        rank, size = (self.parallel.dp_rank, self.parallel.dp_size) if self.parallel else (self.env.rank, self.env.world_size)
+        return DistributedLoader(dataset, batch_size, rank, size, shuffle=shuffle, seed=seed,
                                  drop_last=drop_last, **loader_kwargs)
 
     def batches(self, loader: DistributedLoader, start: int = 0) -> Iterator[Any]:
         """Batches epoch after epoch without end, from overall batch ``start`` (what restore() returned)."""
+        if self.metrics is not None:
+            self.metrics.start_at(start)
         return batches(loader, start)
 
     def checkpointer(self, folder: str | None = None, *, every: int | None = None, keep: int | None = None,
@@ -72,15 +83,28 @@ class Context:
         Defaults come from the job (--checkpoint-every, --keep-checkpoints, --async-checkpoint); the
         folder is the job's own, so two jobs never load each other's state.
         """
-        return Checkpointer(self, folder, every=every, keep=keep, async_save=async_save)
+        checkpointer = Checkpointer(self, folder, every=every, keep=keep, async_save=async_save)
+        if self.metrics is not None:
+            self.metrics.follow_restore(checkpointer)
+        return checkpointer
 
     def backward(self, loss: Any) -> None:
-        """Backward with loss scaling (fp16) and accumulation."""
+        """Backward with loss scaling (fp16) and accumulation; the loss is recorded in the job's metrics."""
+        if self.metrics is not None:
+            self.metrics.on_backward(loss)
         self.runtime.backward(loss)
 
     def step(self) -> bool:
         """After each backward: at accumulation boundaries unscale, clip, step, zero. True if it stepped."""
-        return self.runtime.step()
+        stepped = self.runtime.step()
+        if stepped and self.metrics is not None:
+            self.metrics.on_step()
+        return stepped
+
+    def log(self, **scalars: Any) -> None:
+        """Record more numbers with this step's metrics: ``ctx.log(lr=0.1, accuracy=acc)`` (rank 0's are written)."""
+        if self.metrics is not None:
+            self.metrics.log(scalars)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The job's precision for code outside the prepared model's forward (e.g. the loss)."""
@@ -88,6 +112,29 @@ class Context:
 
     def unwrap(self, model: Any) -> Any:
         return self.runtime.unwrap(model)
+
+    # -- tensor / pipeline parallel (--parallel dp=2,tp=2,pp=1; hpc_train.runtime.parallel) ---------
+    @property
+    def parallel(self) -> ParallelState | None:
+        """Mesh coordinates and groups: ``dp_rank``, ``dp_group``, ``tp_group``, ``stage``, ...; None without a layout."""
+        return getattr(self.runtime, "parallel", None)
+
+    @property
+    def mesh(self) -> Any:
+        """The named DeviceMesh (``ctx.mesh["tp"]``), dims ("pp", "dp", "tp"); None without a layout."""
+        return self.parallel.mesh if self.parallel else None
+
+    def tensor_parallel(self, module: Any, plan: dict[str, Any]) -> Any:
+        """Shard submodules over the tp group: ``{"fc1": "colwise", "fc2": "rowwise"}`` (or ParallelStyles)."""
+        from hpc_train.runtime.parallel import tensor_parallel
+
+        return tensor_parallel(self, module, plan)
+
+    def pipeline(self, layers: Any, loss_fn: Any, *, microbatches: int, schedule: str = "gpipe") -> Any:
+        """This rank's stage of ``layers`` with a "gpipe" or "1f1b" schedule; ``pipe.step(x, y)`` then ``ctx.step()``."""
+        from hpc_train.runtime.parallel import pipeline
+
+        return pipeline(self, layers, loss_fn, microbatches=microbatches, schedule=schedule)
 
     # -- collectives -----------------------------------------------------------------------
     def all_reduce(self, tensor: Any, op: str = "sum") -> Any:
@@ -102,6 +149,8 @@ class Context:
             print(*args, **kwargs, flush=True)
 
     def shutdown(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
         self.runtime.shutdown()
 
     def __enter__(self) -> Context:
@@ -128,7 +177,8 @@ def init(backend: str | None = None, **defaults: Any) -> Context:
     """
     env = detect()
     name = backend or os.environ.get("HPC_TRAIN_BACKEND") or "torchrun"
+    metrics = defaults.pop("metrics", True)  # rt.init(metrics=False); the job's HPC_TRAIN_METRICS wins
     options = RuntimeOptions.from_env(**defaults)
-    runtime = runtime_class(name)(env, options)
+    runtime = with_layout(runtime_class(name))(env, options)  # + device mesh when the job has --parallel
     runtime.init()
-    return Context(env, name, runtime)
+    return Context(env, name, runtime, metrics=metrics)

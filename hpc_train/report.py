@@ -1,0 +1,275 @@
+"""A finished (or running) job's metrics, read on the login node: a summary and PNG plots.
+
+Reads ``<job folder>/metrics/steps.jsonl`` (written by hpc_train.runtime.metrics). Steps a requeued
+run redid after restoring its checkpoint are taken from the newest run. Never imports torch;
+matplotlib is imported only to plot.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpc_train.errors import UsageError
+
+JSONL = "steps.jsonl"  # the name hpc_train.runtime.metrics writes (not imported: that side may import torch)
+
+
+@dataclass
+class Run:
+    run: int
+    start_step: int
+    start_time: float
+    end_time: float | None = None
+    end_step: int | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Metrics:
+    path: Path
+    rows: list[dict[str, Any]]  # one per step, in step order, newest run's copy of a redone step
+    runs: list[Run]
+    bad_lines: int = 0
+
+    @property
+    def first_steps(self) -> set[int]:
+        """Each run's first step: it includes warm-up (allocations, connections), so rates leave it out."""
+        firsts: set[int] = set()
+        for run in self.runs:
+            steps = [r["step"] for r in self.rows if r.get("run") == run.run]
+            if steps:
+                firsts.add(min(steps))
+        return firsts
+
+    @property
+    def steady(self) -> list[dict[str, Any]]:
+        firsts = self.first_steps
+        return [r for r in self.rows if r["step"] not in firsts and r.get("step_s")]
+
+
+def find_jsonl(folder: Path) -> Path:
+    """The steps file of a job folder, a metrics folder, or the file itself."""
+    for candidate in (folder, folder / JSONL, folder / "metrics" / JSONL):
+        if candidate.is_file():
+            return candidate
+    raise UsageError(f"no metrics in {folder}: {folder / 'metrics' / JSONL} does not exist",
+                     hint="metrics are written by scripts using hpc_train.runtime (ctx.backward/ctx.step), "
+                          "unless the job ran with --no-metrics; a job that has not reached its first steps "
+                          "has none yet")
+
+
+def load(folder: str | Path) -> Metrics:
+    path = find_jsonl(Path(folder))
+    by_step: dict[int, dict[str, Any]] = {}
+    runs: dict[int, Run] = {}
+    bad = 0
+    with path.open(errors="replace") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                bad += 1  # a line being written while we read, or a run killed mid-write
+                continue
+            if not isinstance(record, dict):
+                bad += 1
+                continue
+            event = record.get("event")
+            if event == "run_start":
+                number = int(record.get("run", len(runs) + 1))
+                runs[number] = Run(number, int(record.get("start_step", 0)), float(record.get("time", 0.0)), info=record)
+            elif event == "run_end":
+                run = runs.get(int(record.get("run", 0)))
+                if run is not None:
+                    run.end_time, run.end_step = record.get("time"), record.get("step")
+            elif "step" in record:
+                by_step[int(record["step"])] = record  # a redone step: the newer run's line wins
+    rows = [by_step[s] for s in sorted(by_step)]
+    for run in runs.values():  # a run that ended without run_end (killed): its last line
+        if run.end_time is None:
+            own = [r for r in rows if r.get("run") == run.run]
+            if own:
+                run.end_time, run.end_step = own[-1].get("time"), own[-1]["step"]
+    return Metrics(path, rows, [runs[k] for k in sorted(runs)], bad)
+
+
+def summarize(m: Metrics) -> dict[str, Any]:
+    rows, steady = m.rows, m.steady
+    out: dict[str, Any] = {"metrics": str(m.path), "runs": len(m.runs), "restarts": max(0, len(m.runs) - 1),
+                           "steps": rows[-1]["step"] if rows else 0, "steps_recorded": len(rows)}
+    if m.runs:
+        info = m.runs[-1].info
+        out.update({k: info.get(k) for k in ("job_id", "backend", "world_size", "device") if info.get(k) is not None})
+    if rows:
+        first = min([run.start_time for run in m.runs] + [rows[0]["time"]])
+        last = max([run.end_time or 0 for run in m.runs] + [rows[-1]["time"]])
+        out["duration_s"] = round(last - first, 3)
+        out["step_time_s"] = round(sum(r.get("step_s") or 0 for r in rows), 3)
+        expected = rows[-1]["step"] - rows[0]["step"] + 1
+        out["missing_steps"] = expected - len(rows)
+    if steady:
+        seconds = sum(r["step_s"] for r in steady)
+        out["median_step_s"] = round(statistics.median(r["step_s"] for r in steady), 6)
+        out["steps_per_s"] = round(len(steady) / seconds, 3)
+        counted = [r for r in steady if "samples" in r]
+        if counted:
+            out["samples_per_s"] = round(sum(r["samples"] for r in counted) / sum(r["step_s"] for r in counted), 2)
+        out["comm_share"] = round(sum(r.get("comm_s", 0.0) for r in steady) / seconds, 4)
+    losses = [r for r in rows if r.get("loss") is not None]
+    if losses:
+        out["first_loss"], out["final_loss"] = losses[0]["loss"], losses[-1]["loss"]
+    gpu = [r for r in rows if "gpu_util" in r]
+    if gpu:
+        out["gpu_util_mean"] = round(statistics.fmean(r["gpu_util"] for r in gpu), 1)
+        out["gpu_mem_max_bytes"] = max(r.get("gpu_mem_bytes", 0) for r in gpu)
+    if m.bad_lines:
+        out["unreadable_lines"] = m.bad_lines
+    return out
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    days, rest = divmod(seconds, 86400)
+    h, rest = divmod(rest, 3600)
+    minutes, s = divmod(rest, 60)
+    return (f"{days}-" if days else "") + f"{h:02d}:{minutes:02d}:{s:02d}"
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    lines = []
+    who = ", ".join(str(x) for x in (s.get("backend"), f"{s['world_size']} processes" if s.get("world_size") else None,
+                                     s.get("device")) if x)
+    lines.append(f"job {s.get('job_id') or '?'}" + (f" ({who})" if who else ""))
+
+    def add(label: str, value: str) -> None:
+        lines.append(f"  {label:<16}{value}")
+
+    if "duration_s" in s:
+        add("duration", f"{_duration(s['duration_s'])} wall, {_duration(s['step_time_s'])} in steps")
+    add("runs", f"{s['runs']} ({s['restarts']} restart{'s' if s['restarts'] != 1 else ''})")
+    missing = f", {s['missing_steps']} missing" if s.get("missing_steps") else ""
+    add("steps", f"{s['steps']} ({s['steps_recorded']} recorded{missing})")
+    if "steps_per_s" in s:
+        rate = f"{s['steps_per_s']:.2f} steps/s, median step {s['median_step_s'] * 1e3:.1f} ms"
+        if "samples_per_s" in s:
+            rate = f"{s['samples_per_s']:,.0f} samples/s, " + rate
+        add("throughput", rate)
+        add("communication", f"{s['comm_share'] * 100:.1f}% of step time")
+    if "final_loss" in s:
+        add("loss", f"{s['first_loss']:.4g} -> {s['final_loss']:.4g} (rank 0)")
+    if "gpu_util_mean" in s:
+        add("GPU", f"{s['gpu_util_mean']:.0f}% utilised on average, {s['gpu_mem_max_bytes'] / 2**30:.1f} GiB at most")
+    if s.get("unreadable_lines"):
+        add("note", f"{s['unreadable_lines']} unreadable line(s) skipped")
+    return "\n".join(lines)
+
+
+# -- plots ---------------------------------------------------------------------------------------
+def smooth(values: list[float], weight: float | None = None) -> list[float]:
+    """TensorBoard's debiased exponential moving average; the weight grows with the number of points."""
+    if weight is None:
+        window = max(3.0, len(values) / 15)
+        weight = 1 - 2 / (window + 1)
+    out, last, norm = [], 0.0, 0.0
+    for v in values:
+        last = last * weight + (1 - weight) * v
+        norm = norm * weight + (1 - weight)
+        out.append(last / norm)
+    return out
+
+
+COLOURS = {"loss": "#1f77b4", "throughput": "#2ca02c", "comm": "#d62728", "gpu": "#9467bd"}
+
+
+def plot(m: Metrics, out_dir: str | Path, title: str | None = None) -> list[Path]:
+    """Write loss.png, throughput.png and comm_share.png (and gpu.png with GPU data); return their paths."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise UsageError("plots need matplotlib, which is not installed",
+                         hint="pip install 'hpc_train[report]' (or matplotlib), or use --no-plots") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, PercentFormatter
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    title = title or (f"job {m.runs[-1].info.get('job_id')}" if m.runs and m.runs[-1].info.get("job_id") else m.path.parent.parent.name)
+    steady = m.steady
+    written: list[Path] = []
+
+    def figure(name: str, heading: str, ylabel: str, series: list[tuple[int, float]], colour: str,
+               percent: bool = False, log_ok: bool = False, reference: tuple[str, float] | None = None,
+               robust: bool = False) -> None:
+        if not series:
+            return
+        xs, ys = [p[0] for p in series], [p[1] for p in series]
+        fig, ax = plt.subplots(figsize=(9, 4.6), dpi=120, layout="constrained")
+        ax.plot(xs, ys, color=colour, alpha=0.28, linewidth=1.0, label="every step")
+        if len(ys) > 2:
+            ax.plot(xs, smooth(ys), color=colour, linewidth=2.2, label="smoothed")
+        if reference:
+            ax.axhline(reference[1], color="#555555", linestyle=":", linewidth=1.2, label=reference[0])
+        positive = [y for y in ys if y > 0]
+        if log_ok and positive and len(positive) == len(ys) and max(ys) / min(positive) > 100:
+            ax.set_yscale("log")
+        elif robust and len(ys) > 10:
+            high = sorted(ys)[int(0.99 * (len(ys) - 1))]
+            ax.set_ylim(0, high * 1.15 if high > 0 else 1)
+        else:
+            ax.set_ylim(bottom=0 if min(ys) >= 0 else None)
+        if percent:
+            ax.set_ylim(0, max(5.0, min(100.0, max(ys) * 1.15)))
+            ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
+        elif not log_ok:
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if abs(v) >= 100 else f"{v:g}"))
+        _mark_runs(ax, m, xs)
+        ax.set_title(f"{heading} — {title}", fontsize=13, loc="left")
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(ylabel)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(True, color="#e5e5e5", linewidth=0.8)
+        ax.set_axisbelow(True)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+        ax.legend(loc="best", frameon=False, fontsize=9)
+        path = out / f"{name}.png"
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+
+    loss = [(r["step"], r["loss"]) for r in m.rows if r.get("loss") is not None]
+    figure("loss", "Training loss", "loss (rank 0's batch)", loss, COLOURS["loss"], log_ok=True)
+    rate = [(r["step"], r["samples_per_s"]) for r in steady if r.get("samples_per_s") is not None]
+    median_rate = statistics.median(y for _, y in rate) if rate else 0.0
+    figure("throughput", "Throughput", "samples / second (all ranks)", rate, COLOURS["throughput"],
+           reference=(f"median {median_rate:,.0f} samples/s", median_rate), robust=True)
+    comm = [(r["step"], 100.0 * r["comm_share"]) for r in steady if r.get("comm_share") is not None]
+    total = sum(r.get("comm_s", 0.0) for r in steady) / max(1e-12, sum(r["step_s"] for r in steady)) * 100
+    figure("comm_share", "Time in gradient communication", "share of step time", comm, COLOURS["comm"],
+           percent=True, reference=(f"whole run {total:.1f}%", total))
+    util = [(r["step"], r["gpu_util"]) for r in m.rows if "gpu_util" in r]
+    figure("gpu", "GPU utilisation (rank 0, NVML)", "utilisation", util, COLOURS["gpu"], percent=True)
+    return written
+
+
+def _mark_runs(ax: Any, m: Metrics, xs: list[int]) -> None:
+    """A dashed line where each requeued run resumed, and a shade over the steps it redid."""
+    if len(m.runs) < 2:
+        return
+    from matplotlib.transforms import blended_transform_factory
+
+    top = blended_transform_factory(ax.transData, ax.transAxes)
+    for previous, run in zip(m.runs, m.runs[1:]):
+        x = run.start_step + 0.5
+        ax.axvline(x, color="#ff7f0e", linestyle="--", linewidth=1.3,
+                   label="requeued: next run resumes" if previous is m.runs[0] else None)
+        if previous.end_step is not None and previous.end_step > run.start_step:
+            ax.axvspan(x, previous.end_step + 0.5, color="#ff7f0e", alpha=0.08,
+                       label="steps redone from the checkpoint" if previous is m.runs[0] else None)
+        ax.text(x, 0.98, f" run {run.run}", transform=top, color="#ff7f0e", fontsize=9, va="top", ha="left")
