@@ -115,7 +115,7 @@ def test_a_sweep_over_max_array_size_is_split_runs_everything_and_resubmits_fail
     assert later.wait(timeout_s=60) == {"COMPLETED": limit + 2} and later.failed() == []
 
 
-def test_a_dependency_runs_only_after_its_parent_succeeded(slurm_cluster, sandbox_job_root):
+def test_a_dependency_runs_only_after_its_parent_succeeded_and_a_sweep_cancels_whole(slurm_cluster, sandbox_job_root):
     import hpc_train
 
     script = sandbox_job_root / "step.py"
@@ -125,9 +125,13 @@ def test_a_dependency_runs_only_after_its_parent_succeeded(slurm_cluster, sandbo
     child = hpc_train.submit(script, "evaluate", "0", "0", after=parent, **options)
     bad = hpc_train.submit(script, "broken", "1", "0", **options)
     orphan = hpc_train.submit(script, "orphan", "0", "0", after=[bad.job_id], **options)
+    sleepers = hpc_train.sweep(script, "sleeper", "0", "120", over={"k": ["1", "2"]}, **options)
+    cancelled = cli("cancel", sleepers.sweep_id)
+    assert cancelled.returncode == 0 and f"cancelled sweep {sleepers.sweep_id}" in cancelled.stdout, cancelled.stderr
     assert child.wait(timeout_s=90) == "COMPLETED" and parent.wait(timeout_s=5) == "COMPLETED"
     train = json.loads((sandbox_job_root / "train.json").read_text())
     evaluate = json.loads((sandbox_job_root / "evaluate.json").read_text())
     assert evaluate["start"] >= train["end"]
     assert orphan.wait(timeout_s=60) == "CANCELLED"  # afterok on a failed job can never be met
     assert bad.wait(timeout_s=5) == "FAILED" and not (sandbox_job_root / "orphan.json").exists()
+    assert sleepers.wait(timeout_s=60) == {"CANCELLED": 2}
