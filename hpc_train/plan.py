@@ -249,6 +249,7 @@ def build_plan(
         "HPC_TRAIN_KEEP_CHECKPOINTS": job.keep_checkpoints,
         "HPC_TRAIN_ASYNC_CHECKPOINT": None if job.async_checkpoint is None else int(job.async_checkpoint),
         "HPC_TRAIN_EXACT_RESUME": None if job.exact_resume is None else int(job.exact_resume),
+        "HPC_TRAIN_METRICS": None if job.metrics is None else int(job.metrics),  # read by hpc_train.runtime.metrics
     }
     put({k: str(v) for k, v in checkpointing.items() if v is not None}, "job")
     if layout is not None:

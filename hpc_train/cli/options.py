@@ -97,11 +97,6 @@ def _pairs(values: list[str], flag: str, typed: bool = False) -> dict[str, Any]:
     return out
 
 
-def _metrics_env(metrics: bool | None) -> dict[str, str]:
-    """--no-metrics reaches the job as HPC_TRAIN_METRICS=0 (read by hpc_train.runtime.metrics)."""
-    return {} if metrics is None else {"HPC_TRAIN_METRICS": "1" if metrics else "0"}
-
-
 def job_options(args: argparse.Namespace) -> dict[str, Any]:
     """JobSpec keyword arguments from parsed options (None means: not given, use defaults)."""
     sbatch: dict[str, Any] = {}
@@ -125,7 +120,7 @@ def job_options(args: argparse.Namespace) -> dict[str, Any]:
         "qos": args.qos,
         "reservation": args.reservation,
         "constraint": args.constraint,
-        "env": {**_pairs(args.env, "--env"), **_metrics_env(getattr(args, "metrics", None))},
+        "env": _pairs(args.env, "--env"),
         "nccl_profile": (args.nccl_profile or "") + "+debug" if args.nccl_debug else args.nccl_profile,
         "backend_options": {**_pairs(args.option, "--option", typed=True),
                             **({"config": args.deepspeed_config} if args.deepspeed_config else {})},
@@ -149,6 +144,7 @@ def job_options(args: argparse.Namespace) -> dict[str, Any]:
         "keep_checkpoints": args.keep_checkpoints,
         "async_checkpoint": args.async_checkpoint,
         "exact_resume": args.exact_resume,
+        "metrics": args.metrics,
         "after": list(args.after) or None,
         "after_type": args.after_type,
     }

@@ -62,6 +62,7 @@ class JobSpec(Model):
     keep_checkpoints: int | None = Field(None, ge=1, description="how many complete checkpoints to keep")
     async_checkpoint: bool | None = Field(None, description="write periodic checkpoints in the background")
     exact_resume: bool | None = Field(None, description="fixed DDP gradient buckets so a resumed run is bit-identical")
+    metrics: bool | None = Field(None, description="per-step metrics files in the job folder (on unless False)")
     # tensor / pipeline parallel layout (hpc_train.layout); checked against the resources by the plan
     parallel: str | dict[str, int] | None = Field(None, description="process mesh sizes, e.g. 'dp=2,tp=2,pp=1'")
     # dependencies (sbatch --dependency): start after these jobs or sweeps; hpc_train.sweep expands sweep ids

@@ -144,3 +144,10 @@ def test_requeue_problems(plugins):
         plan(plugins, site="local", requeue=True)
     with pytest.raises(ConfigError, match="must come after the job starts"):
         plan(plugins, site="sandbox", time="1", signal_grace=120)
+
+
+@pytest.mark.parametrize("metrics, expected", [(None, None), (False, "0"), (True, "1")])
+def test_metrics_switch_reaches_the_job(plugins, metrics, expected):
+    p = plan(plugins, site="sandbox", **({} if metrics is None else {"metrics": metrics}))
+    env = {e.name: e.value for e in p.env}
+    assert env.get("HPC_TRAIN_METRICS") == expected  # unset: the runtime's default (on) applies
