@@ -8,7 +8,7 @@ PIP := $(PY) -m pip
 TORCH := torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: help venv install backends horovod system-deps demo test test-unit test-e2e cluster-up cluster-down cluster-status bench clean
+.PHONY: help venv install backends horovod system-deps demo test test-unit test-e2e cluster-up cluster-down cluster-status bench bench-cluster clean
 
 help:
 	@echo "make demo          set up .venv, install, run a 2-process DDP job on the local site"
@@ -16,6 +16,7 @@ help:
 	@echo "make cluster-up    start the multi-node Slurm sandbox (prints SLURM_CONF=...)"
 	@echo "make cluster-down  stop it"
 	@echo "make bench         benchmarks (ratios against baselines in the same run)"
+	@echo "make bench-cluster the sweep benchmark on the Slurm sandbox"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +68,11 @@ bench: install
 	$(PY) bench/runtime_overhead.py --hidden 1024
 	$(PY) bench/checkpoint.py
 	$(PY) bench/metrics_overhead.py
+
+# benchmarks that need the Slurm sandbox (started here, left up)
+bench-cluster: system-deps install
+	@bash tests/cluster/sandbox.sh up
+	SLURM_CONF=/tmp/hpc_train-sandbox/etc/slurm.conf $(PY) bench/sweep.py
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache
