@@ -54,6 +54,16 @@ def resolve_site(name: str | None, plugins: Plugins) -> ResolvedSite:
     return registry.load(name)
 
 
+def check_script(job: JobSpec) -> None:
+    """The training script must exist where the job will look for it (before anything is submitted)."""
+    if not job.script:
+        raise ConfigError(Problem(JOB_SOURCE, "script", "no training script given"))
+    script = Path(job.workdir or ".") / os.path.expanduser(job.script)
+    if not script.is_file():
+        raise ConfigError(Problem(JOB_SOURCE, "script", f"training script {job.script!r} not found",
+                                  hint=f"looked in {script.parent.resolve()}"))
+
+
 def plan_job(
     job: JobSpec,
     plugins: Plugins | None = None,
@@ -63,12 +73,7 @@ def plan_job(
     plugins = plugins or default_plugins()
     resolved = resolve_site(job.site, plugins)
     if kind == "script":
-        if not job.script:
-            raise ConfigError(Problem(JOB_SOURCE, "script", "no training script given"))
-        script = Path(job.workdir or ".") / os.path.expanduser(job.script)
-        if not script.is_file():
-            raise ConfigError(Problem(JOB_SOURCE, "script", f"training script {job.script!r} not found",
-                                      hint=f"looked in {script.parent.resolve()}"))
+        check_script(job)
     return build_plan(job, resolved, plugins, kind=kind, function_name=function_name)
 
 

@@ -60,12 +60,8 @@ class JobRecord:
         return self.nodes * self.tasks_per_node
 
     def save(self) -> None:
-        text = json.dumps(asdict(self), indent=2, sort_keys=True)
-        Path(self.folder).mkdir(parents=True, exist_ok=True)
-        _write_atomic(Path(self.folder) / "hpc_train.json", text)
-        index = state_dir() / "jobs"
-        index.mkdir(parents=True, exist_ok=True)
-        _write_atomic(index / f"{self.job_id}.json", text)
+        save_record(json.dumps(asdict(self), indent=2, sort_keys=True), Path(self.folder) / "hpc_train.json",
+                    state_dir() / "jobs" / f"{self.job_id}.json")
 
     @classmethod
     def load(cls, job_id: str) -> JobRecord:
@@ -77,6 +73,13 @@ class JobRecord:
             )
         data = json.loads(path.read_text())
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+def save_record(text: str, in_folder: Path, in_index: Path) -> None:
+    """A record beside the job's files and in this machine's index, so later processes find it by id."""
+    for path in (in_folder, in_index):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(path, text)
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -212,16 +212,10 @@ def new_folder(job_root: str) -> Path:
 
 
 def sweep_plan(job: JobSpec, plugins: Plugins) -> JobPlan:
-    from hpc_train.api import JOB_SOURCE, resolve_site
-    from hpc_train.errors import ConfigError, Problem
+    from hpc_train.api import check_script, resolve_site
     from hpc_train.plan import build_plan
 
-    if not job.script:
-        raise ConfigError(Problem(JOB_SOURCE, "script", "no training script given"))
-    script = Path(job.workdir or ".") / os.path.expanduser(job.script)
-    if not script.is_file():
-        raise ConfigError(Problem(JOB_SOURCE, "script", f"training script {job.script!r} not found",
-                                  hint=f"looked in {script.parent.resolve()}"))
+    check_script(job)
     if "array" in job.sbatch:
         raise UsageError("--sbatch array=... conflicts with the sweep, which sets the array itself",
                          hint="use --max-concurrent N for a concurrency limit")

@@ -28,7 +28,7 @@ from hpc_train.handle import (
     ACTIVE_STATES,
     FINAL_OK,
     RELEASE_MARGIN_S,
-    _write_atomic,
+    save_record,
     state_dir,
 )
 
@@ -63,11 +63,7 @@ class SweepRecord:
 
     def save(self) -> None:
         text = json.dumps(asdict(self), indent=1)  # key order kept: it is the order of the task's arguments
-        Path(self.folder).mkdir(parents=True, exist_ok=True)
-        _write_atomic(Path(self.folder) / "sweep.json", text)
-        index = state_dir() / "sweeps"
-        index.mkdir(parents=True, exist_ok=True)
-        _write_atomic(index / f"{self.sweep_id}.json", text)
+        save_record(text, Path(self.folder) / "sweep.json", self.path_for(self.sweep_id))
 
     @classmethod
     def exists(cls, sweep_id: str) -> bool:
