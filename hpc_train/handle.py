@@ -221,8 +221,12 @@ class JobHandle:
     def wait(self, poll_s: float = 1.0, timeout_s: float | None = None) -> str:
         """Block until the job ends (through its requeues); return its final state."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        delay, last = poll_s, None
         while True:
             state = self.state
+            # back off while nothing changes: a long job must not query the controller every second
+            delay = poll_s if state != last else min(delay * 1.5, max(poll_s, 10.0))
+            last = state
             if state not in ACTIVE_STATES:
                 if not self.record.requeue:
                     return state
@@ -235,7 +239,7 @@ class JobHandle:
                 self.release_if_held()
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"job {self.job_id} still {state} after {timeout_s} s")
-            time.sleep(poll_s)
+            time.sleep(delay)
 
     def accounting(self) -> dict[str, str]:
         """sacct's view of the job allocation (State, ExitCode, Elapsed, NodeList, Start, End)."""

@@ -18,6 +18,7 @@ from hpc_train.handle import ACTIVE_STATES, PENDING_STATES, JobHandle
 
 PLAIN_PROGRESS_EVERY_S = 30.0
 REQUEUE_RECHECK_S = 2.0
+MAX_POLL_S = 10.0  # the slowest poll while nothing changes
 
 
 @dataclass
@@ -163,14 +164,18 @@ def watch(handle: JobHandle, out: TextIO | None = None, *, tty: bool | None = No
     display: _Plain | _Live = _Live(out) if tty else _Plain(out)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     before: Snapshot | None = None
+    delay = poll_s
     try:
         while True:
             snap = snapshot(handle)
             if snap.state not in ACTIVE_STATES and handle.record.requeue:
                 time.sleep(REQUEUE_RECHECK_S)  # a job requeueing itself passes through an ended-looking state
                 snap = snapshot(handle)
-            for line in events(handle.job_id, before, snap):
+            lines = events(handle.job_id, before, snap)
+            for line in lines:
                 display.event(line)
+            # a long job must not query the controller every second for hours: back off while nothing happens
+            delay = poll_s if lines else min(delay * 1.5, max(poll_s, MAX_POLL_S))
             display.update(handle.job_id, snap)
             if snap.state not in ACTIVE_STATES:
                 return snap.state
@@ -179,6 +184,6 @@ def watch(handle: JobHandle, out: TextIO | None = None, *, tty: bool | None = No
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"job {handle.job_id} still {snap.state} after {timeout_s} s")
             before = snap
-            time.sleep(poll_s)
+            time.sleep(delay)
     finally:
         display.close()

@@ -32,3 +32,15 @@ def test_a_requeue_hold_is_released_only_after_the_credential_margin(monkeypatch
     clock[0] += 1.0
     assert handle.release_if_held()
     assert calls == [["scontrol", "update", "JobId=7", "StartTime=now"]]
+
+
+def test_wait_backs_off_while_nothing_changes_and_polls_fast_again_on_a_change(monkeypatch, tmp_path):
+    states = iter(["PENDING"] + ["RUNNING"] * 8 + ["COMPLETED"])
+    sleeps: list[float] = []
+    monkeypatch.setattr(handle_module.time, "sleep", sleeps.append)
+    monkeypatch.setattr(JobHandle, "state", property(lambda self: next(states)))
+    handle = JobHandle(JobRecord(job_id="7", folder=str(tmp_path), scheduler="slurm", kind="script", site="sandbox",
+                                 backend="torchrun", nodes=1, procs_per_node=1, tasks_per_node=1, job_name="t"))
+    assert handle.wait(poll_s=1.0) == "COMPLETED"
+    assert sleeps[:2] == [1.0, 1.0]  # a new state: look again soon
+    assert sleeps[2:] == sorted(sleeps[2:]) and sleeps[-1] == 10.0  # then ever slower, capped
