@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -21,7 +22,7 @@ from pydantic import ValidationError
 from hpc_train.config.errors import problems_from_validation
 from hpc_train.config.job import JobSpec
 from hpc_train.config.loader import ResolvedSite, SiteRegistry, default_search_dirs
-from hpc_train.errors import ConfigError, Problem
+from hpc_train.errors import ConfigError, ConfigWarning, Problem
 from hpc_train.handle import JobHandle
 from hpc_train.plan import JobPlan, build_plan
 from hpc_train.plugins import Plugins, default_plugins
@@ -62,6 +63,12 @@ def check_script(job: JobSpec) -> None:
     if not script.is_file():
         raise ConfigError(Problem(JOB_SOURCE, "script", f"training script {job.script!r} not found",
                                   hint=f"looked in {script.parent.resolve()}"))
+
+
+def warn_about(plan: JobPlan) -> None:
+    """Say the plan's warnings once, where the caller will see them (submit, sweep)."""
+    for problem in plan.warnings:
+        warnings.warn(str(problem), ConfigWarning, stacklevel=3)
 
 
 def plan_job(
@@ -107,6 +114,7 @@ def submit(target: str | os.PathLike[str] | Callable[..., Any], *args: Any, plug
     else:
         job = make_job(script=os.fspath(target), script_args=[str(a) for a in args], **options)
         plan = plan_job(job, plugins)
+        warn_about(plan)
         handle = submit_plan(plan, lambda p: render_plan(p, plugins))
     plugins.after_submit(handle, plan)
     return handle

@@ -17,6 +17,11 @@ EXIT_CONFIG = 78  # EX_CONFIG
 EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: scheduler or command missing/down
 
 
+class ConfigWarning(UserWarning):
+    """Worth saying, not worth stopping for: e.g. a debug-only NCCL variable left in a production profile.
+    The CLI prints these as ``warning: ...``; Python callers get them through the warnings module."""
+
+
 class HpcTrainError(Exception):
     """Base class: a problem the user can act on."""
 

@@ -212,7 +212,7 @@ def new_folder(job_root: str) -> Path:
 
 
 def sweep_plan(job: JobSpec, plugins: Plugins) -> JobPlan:
-    from hpc_train.api import check_script, resolve_site
+    from hpc_train.api import check_script, resolve_site, warn_about
     from hpc_train.plan import build_plan
 
     check_script(job)
@@ -221,6 +221,7 @@ def sweep_plan(job: JobSpec, plugins: Plugins) -> JobPlan:
                          hint="use --max-concurrent N for a concurrency limit")
     resolved = resolve_site(job.site, plugins)
     plan = build_plan(job, resolved, plugins, extra_script_args=(ARGS_WORD,))
+    warn_about(plan)
     if plan.scheduler != "slurm":
         raise UsageError(f"site {plan.site.name!r} runs jobs on this machine; sweeps are Slurm job arrays",
                          hint="submit the sweep to a Slurm site (--site NAME)")

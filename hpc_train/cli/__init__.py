@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 from collections.abc import Sequence
 
 from hpc_train import __version__
-from hpc_train.errors import HpcTrainError
+from hpc_train.errors import ConfigWarning, HpcTrainError
+
+_python_showwarning = warnings.showwarning
 
 # Each module defines ``register(subparsers)`` and ``run(args) -> int``.
 COMMANDS = (
@@ -32,6 +35,14 @@ def build_parser() -> argparse.ArgumentParser:
         command.set_defaults(_run=module.run)
     add_plugin_commands(sub)
     return parser
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+    """Our own warnings read like our errors; anyone else's keep Python's format."""
+    if issubclass(category, ConfigWarning):
+        print(f"warning: {message}", file=sys.stderr)
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)
 
 
 def _warn(message: str) -> None:
@@ -85,6 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
+    warnings.showwarning = _show_warning
     try:
         return int(args._run(args) or 0)
     except HpcTrainError as exc:

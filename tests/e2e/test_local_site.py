@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -34,3 +35,16 @@ def test_local_function_job_result(tmp_path):
     handle = hpc_train.submit(_square, 7, site="local", job_root=str(tmp_path))
     assert handle.result() == 49
     assert handle.state == "COMPLETED"
+
+
+def test_submit_says_the_sites_warnings_like_render_does(tmp_path, site_dir):
+    # a debug-only NCCL variable left on in a site's environment: worth a warning, not worth refusing the job
+    (site_dir / "noisy.yaml").write_text("extends: local\nenv:\n  NCCL_DEBUG: INFO\n")
+    script = tmp_path / "hello.py"
+    script.write_text("print('hello from the job')\n")
+    env = {**os.environ, "HPC_TRAIN_SITE_PATH": str(site_dir)}
+    out = subprocess.run([sys.executable, "-m", "hpc_train", "submit", "--site", "noisy", "--job-root", str(tmp_path),
+                          "--wait", str(script)], capture_output=True, text=True, cwd=REPO, timeout=300, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "warning: " in out.stderr and "NCCL_DEBUG" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and "ConfigWarning" not in out.stderr  # said like our errors, once
