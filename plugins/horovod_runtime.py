@@ -64,4 +64,6 @@ class HorovodRuntime(BackendRuntime):
         self.hvd.barrier()
 
     def gather_object(self, obj: Any) -> list[Any]:
-        return self.hvd.allgather_object(obj)
+        # one name on every rank: by default Horovod names it after type(obj), so ranks gathering a None
+        # and a str (one saw the stop request, one not yet) wait for each other forever
+        return self.hvd.allgather_object(obj, name="hpc_train.gather_object")
