@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 from pathlib import Path
 
 
@@ -23,3 +24,44 @@ def builtin_dir(name: str) -> Path:
     if fallback.is_dir():
         return fallback
     raise RuntimeError(f"hpc_train's built-in {name!r} folder is missing; reinstall hpc_train")
+
+
+def cache_dir(kind: str) -> Path | None:
+    """This user's cache folder for ``kind`` (compiled templates, validators), or None when caching
+    is off (``HPC_TRAIN_NO_CACHE=1``) or the folder cannot be made. Caches only ever save time."""
+    import os
+
+    if os.environ.get("HPC_TRAIN_NO_CACHE", "") not in ("", "0"):
+        return None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    folder = Path(base) / "hpc_train" / kind
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError:
+        return None
+    return folder
+
+
+def file_stamp(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """(mtime in ns, size) of a file, None when it is gone: what cache entries check their sources by."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+def write_atomic(path: Path, data: bytes) -> bool:
+    """Write a cache entry so readers see the old one or the whole new one; False when it could not be."""
+    # unique even among nodes sharing a home folder, where two writers can have the same pid
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+        return True
+    except OSError:  # read-only home, full disk: the cache only ever saves time
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        return False

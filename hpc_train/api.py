@@ -11,21 +11,21 @@
 from __future__ import annotations
 
 import os
-import socket
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING, Any, Literal
 
 from hpc_train.config.errors import problems_from_validation
 from hpc_train.config.job import JobSpec
 from hpc_train.config.loader import ResolvedSite, SiteRegistry, default_search_dirs
+from hpc_train.config.validate import ValidationError, validate
 from hpc_train.errors import ConfigError, ConfigWarning, Problem
-from hpc_train.handle import JobHandle
 from hpc_train.plan import JobPlan, build_plan
 from hpc_train.plugins import Plugins, default_plugins
+
+if TYPE_CHECKING:  # submitting and watching jobs: imported when used, `render` needs neither
+    from hpc_train.handle import JobHandle
 
 JOB_SOURCE = "job options"
 
@@ -33,7 +33,7 @@ JOB_SOURCE = "job options"
 def make_job(**options: Any) -> JobSpec:
     """Validate job options; errors name the option as the CLI spells it (``--procs-per-node``)."""
     try:
-        return JobSpec.model_validate(options)
+        return validate(JobSpec, options)
     except ValidationError as exc:
         problems = problems_from_validation(exc, JobSpec, JOB_SOURCE)
         renamed = [
@@ -49,6 +49,8 @@ def site_registry(plugins: Plugins) -> SiteRegistry:
 
 def resolve_site(name: str | None, plugins: Plugins) -> ResolvedSite:
     if name is None:
+        import socket
+
         name = plugins.detect_site(hostname=socket.gethostname(), environ=dict(os.environ))
     registry = site_registry(plugins)
     plugins.check_site(name, registry.sources)  # a site from a plugin that failed to load is an error
@@ -130,4 +132,6 @@ def sweep(target: str | os.PathLike[str] | JobSpec, *args: Any, over: Any, **opt
 
 def job(job_id: str) -> JobHandle:
     """The handle of a job submitted earlier through hpc_train (from any process on this machine)."""
+    from hpc_train.handle import JobHandle
+
     return JobHandle.from_id(str(job_id))

@@ -7,9 +7,9 @@ imports a framework; a backend's runtime half (``hpc_train.runtime``) imports it
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict
+from hpc_train.config.fields import Model
 
 
 class Raw(str):
@@ -22,8 +22,9 @@ class Raw(str):
 Word = str | Raw
 
 
-class NoOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+@dataclass(frozen=True, kw_only=True)
+class NoOptions(Model):
+    pass
 
 
 @dataclass(frozen=True)
@@ -51,14 +52,15 @@ class Backend:
 
     name: ClassVar[str]
     summary: ClassVar[str] = ""
-    #: typed options (``--option key=value``, ``backend_options=``, site ``backends.<name>``); unknown keys rejected
-    Options: ClassVar[type[BaseModel]] = NoOptions
+    #: typed options (``--option key=value``, ``backend_options=``, site ``backends.<name>``); unknown keys
+    #: rejected. A config dataclass (hpc_train.config.fields), or a pydantic model.
+    Options: ClassVar[type] = NoOptions
     #: "module:Class" of the job-side half (a hpc_train.runtime.base.BackendRuntime); imported only in the job
     runtime: ClassVar[str] = "hpc_train.runtime.base:BackendRuntime"
     #: whether --comm-hook (DDP communication hooks) applies
     supports_comm_hook: ClassVar[bool] = True
 
-    def __init__(self, options: BaseModel) -> None:
+    def __init__(self, options: Any) -> None:
         self.options = options
 
     def tasks_per_node(self, procs_per_node: int) -> int:

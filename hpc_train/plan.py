@@ -6,21 +6,22 @@ wrong is checked here and reported together.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ValidationError
-
 from hpc_train import nccl
 from hpc_train.backend import Backend, LaunchInfo, Raw, Word
 from hpc_train.config.errors import problems_from_validation
+from hpc_train.config.fields import field_names
 from hpc_train.config.job import JobSpec
 from hpc_train.config.loader import ResolvedSite, display_path
 from hpc_train.config.models import Partition, SiteConfig
 from hpc_train.config.slurm_time import format_slurm_time, parse_slurm_time
+from hpc_train.config.validate import ValidationError, defaults, dump, validate
 from hpc_train.errors import ConfigError, Problem, did_you_mean
 from hpc_train.layout import ENV_VAR as LAYOUT_ENV
 from hpc_train.layout import problems as check_layout
@@ -127,12 +128,12 @@ def build_plan(
         if name not in plugins.backends:
             problem(f"backends.{name}", "no such backend", did_you_mean(name, plugins.backends, "backend"), site_file)
     raw_options = {**site.backends.get(job.backend, {}), **job.backend_options}
-    options: BaseModel | None = None
+    options: Any = None
     try:
-        options = backend_cls.Options.model_validate(raw_options)
+        options = validate(backend_cls.Options, raw_options)
     except ValidationError as exc:
         problems.extend(problems_from_validation(exc, backend_cls.Options, f"backend {job.backend!r} options", prefix=()))
-    backend = backend_cls(options if options is not None else backend_cls.Options.model_construct())
+    backend = backend_cls(options if options is not None else defaults(backend_cls.Options))
 
     if job.comm_hook not in (None, "none") and not backend_cls.supports_comm_hook:
         problem("comm_hook", f"backend {job.backend!r} has no DDP communication hooks; use it with --backend torchrun")
@@ -234,8 +235,8 @@ def build_plan(
     )
     put(backend.env(info), f"backend {backend.name}")
     put(plugins.job_env(job, site, backend.name), "plugins")
-    if options is not None and backend_cls.Options.model_fields:
-        put({"HPC_TRAIN_BACKEND_OPTIONS": options.model_dump_json()}, f"backend {backend.name}")
+    if options is not None and field_names(backend_cls.Options):
+        put({"HPC_TRAIN_BACKEND_OPTIONS": json.dumps(dump(options), separators=(",", ":"))}, f"backend {backend.name}")
     training = {
         "HPC_TRAIN_PRECISION": job.precision,
         "HPC_TRAIN_GRAD_CLIP": None if job.grad_clip is None else repr(job.grad_clip),

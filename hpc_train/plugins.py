@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-import importlib.metadata
 import inspect
 import os
 import traceback
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 from hpc_train import hookspecs
+from hpc_train.entry_points import entry_points
 from hpc_train.errors import PluginError, UnknownNameError
 
 if TYPE_CHECKING:
@@ -36,8 +36,6 @@ if TYPE_CHECKING:
 
 ENTRY_POINT_GROUP = "hpc_train"
 SITE_SUFFIXES = (".yaml", ".yml")
-#: Folder names in a distribution's file list that hold site files (see ``_shipped_sites``).
-SITE_FOLDERS = ("sites", "site_configs")
 DISABLE_HINT = "switch it off with HPC_TRAIN_DISABLE_PLUGINS={name}"
 
 
@@ -324,28 +322,6 @@ def disabled_plugins(environ: Mapping[str, str] | None = None) -> set[str]:
     return {name.strip() for name in environ.get("HPC_TRAIN_DISABLE_PLUGINS", "").split(",") if name.strip()}
 
 
-def _shipped_sites(ep: importlib.metadata.EntryPoint) -> tuple[str, ...]:
-    """Site files the entry point's distribution installs inside the plugin's own top-level package.
-
-    Read from the distribution's file list (RECORD), so it works when the plugin cannot be
-    imported. Only ``*.yaml`` files in a folder named ``sites`` or ``site_configs`` count; an
-    editable install lists no package files, and then nothing is known.
-    """
-    if ep.dist is None:
-        return ()
-    top = ep.module.split(".")[0]
-    try:
-        files = ep.dist.files or []
-    except Exception:  # a damaged RECORD must not turn one broken plugin into two
-        return ()
-    names = set()
-    for file in files:
-        path = PurePosixPath(str(file))
-        if path.parts and path.parts[0] == top and path.suffix in SITE_SUFFIXES and path.parent.name in SITE_FOLDERS:
-            names.add(path.stem)
-    return tuple(sorted(names))
-
-
 def get_plugin_manager(
     extra_plugins: tuple[object, ...] = (),
     load_entry_points: bool = True,
@@ -367,9 +343,8 @@ def get_plugin_manager(
         disabled = disabled_plugins()
         wanted = None if distributions is None else {_normalize(d) for d in distributions}
         seen: set[str] = set()
-        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            dist = ep.dist.metadata["Name"] if ep.dist else None
-            version = ep.dist.version if ep.dist else None
+        for ep in entry_points(ENTRY_POINT_GROUP):
+            dist, version = ep.distribution, ep.version
             if wanted is not None and (dist is None or _normalize(dist) not in wanted):
                 continue
             if ep.name in disabled or ep.name in seen:
@@ -384,7 +359,7 @@ def get_plugin_manager(
                 if pm.get_plugin(ep.name) is not None:
                     pm.unregister(name=ep.name)
                 failures.append(PluginFailure(ep.name, dist, _describe(exc), traceback.format_exc(), version, where,
-                                              _shipped_sites(ep)))
+                                              ep.sites))
                 continue
             sources[ep.name] = _Source(dist, version, where)
     for plugin in extra_plugins:

@@ -23,7 +23,9 @@ CPU_MAX_SIZE = "64M"  # gloo over Ethernet: bigger messages only make the job lo
 
 def expected_for(site: Any, partition: str | None) -> Preflight:
     _, part = site.partition(partition)
-    return part.preflight if part is not None and part.preflight is not None else site.preflight
+    if part is not None and part.preflight is not None:
+        return part.preflight
+    return site.preflight if site.preflight is not None else Preflight()
 
 
 def max_size_for(site: Any, partition: str | None) -> str:
@@ -31,8 +33,8 @@ def max_size_for(site: Any, partition: str | None) -> str:
     _, part = site.partition(partition)
     if part is not None and part.preflight is not None:
         return part.preflight.max_size
-    if "preflight" in site.model_fields_set or (part is not None and part.gpus_per_node):
-        return site.preflight.max_size
+    if site.preflight is not None or (part is not None and part.gpus_per_node):
+        return (site.preflight or Preflight()).max_size
     return CPU_MAX_SIZE
 
 

@@ -7,14 +7,13 @@ empty ``#SBATCH --partition=``), site folders first, the built-ins also reachabl
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import jinja2
 
 from hpc_train import __version__
-from hpc_train._resources import builtin_dir
+from hpc_train._resources import builtin_dir, cache_dir
 from hpc_train.errors import Problem, TemplateError
 from hpc_train.plan import JobPlan
 from hpc_train.shell import join, join_lines, quote, sbatch_line
@@ -45,13 +44,8 @@ def environment(template_dirs: tuple[str, ...] = ()) -> jinja2.Environment:
 
 def _bytecode_cache() -> jinja2.BytecodeCache | None:
     # Compiling the templates is a good part of a cold render; the cache is keyed by source checksum.
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    folder = os.path.join(base, "hpc_train", "jinja")
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError:
-        return None
-    return jinja2.FileSystemBytecodeCache(folder)
+    folder = cache_dir("jinja")
+    return jinja2.FileSystemBytecodeCache(str(folder)) if folder is not None else None
 
 
 def template_dirs_for(plan: JobPlan, plugin_dirs: Sequence[Path] = ()) -> tuple[str, ...]:

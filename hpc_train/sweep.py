@@ -12,6 +12,7 @@ each further array after the one before it. The handle (hpc_train.sweep_handle) 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import json
@@ -277,6 +278,7 @@ def sweep(
     task of ``over``; returns one handle for the whole sweep."""
     from hpc_train.api import make_job, render_plan
     from hpc_train.config.job import JobSpec
+    from hpc_train.config.validate import dump
     from hpc_train.plugins import default_plugins
     from hpc_train.sweep_handle import SweepHandle, SweepRecord, expand_after
 
@@ -297,7 +299,7 @@ def sweep(
     _make_job_root(plan)
     folder = new_folder(plan.job_root)
     arrays = submit_arrays(plan, lambda p: render_plan(p, plugins), folder, overrides, range(len(overrides)), max_concurrent)
-    stored = job.model_copy(update={"workdir": plan.workdir})  # a resubmission from elsewhere runs in the same place
+    stored = dataclasses.replace(job, workdir=plan.workdir)  # a resubmission from elsewhere runs in the same place
     record = SweepRecord(
         sweep_id=arrays[0]["job_id"],
         folder=str(folder),
@@ -314,7 +316,7 @@ def sweep(
         max_concurrent=max_concurrent,
         overrides=overrides,
         arrays=arrays,
-        job=stored.model_dump(mode="json"),
+        job=dump(stored),
     )
     record.save()
     return SweepHandle(record)

@@ -327,6 +327,7 @@ class SweepHandle:
         their checkpoints; returns the new arrays' job ids."""
         from hpc_train.api import render_plan
         from hpc_train.config.job import JobSpec
+        from hpc_train.config.validate import validate
         from hpc_train.plugins import default_plugins
         from hpc_train.sweep import submit_arrays, sweep_plan
 
@@ -338,7 +339,7 @@ class SweepHandle:
         if bad:
             raise UsageError(f"sweep {self.sweep_id} has tasks 0..{len(self) - 1}; no task {bad[0]}")
         plugins = plugins or default_plugins()
-        job = JobSpec.model_validate(self.record.job)
+        job = validate(JobSpec, self.record.job)
         plan = sweep_plan(job, plugins)
         for task in chosen:  # a new attempt gets a fresh restart budget
             (self.task_folder(task) / "runs").unlink(missing_ok=True)

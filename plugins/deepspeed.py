@@ -9,28 +9,32 @@ launcher get ``--local_rank=N`` as that launcher passes it.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Annotated, Any
 
 from hpc_train import Backend, LaunchInfo, Raw, Word, hookimpl, launch_shim
+from hpc_train.config.fields import Ge, Le, Model, setting
 from hpc_train.errors import ConfigError, Problem
 
 CONFIG_ENV = "HPC_TRAIN_DEEPSPEED_CONFIG_JSON"
 CONFIG_FILE = "${HPC_TRAIN_JOB_FOLDER}/ds_config.json"
 
 
-class DeepSpeedOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+DEFAULT_ZERO_STAGE = 2
+DEFAULT_MICRO_BATCH = 1
 
-    zero_stage: int = Field(2, ge=0, le=3, description="ZeRO stage")
-    micro_batch: int = Field(1, ge=1, description="train_micro_batch_size_per_gpu")
-    config: str | None = Field(None, description="your ds_config JSON; the job's settings are merged over it")
-    offload_optimizer: bool = Field(False, description="ZeRO optimizer state offload to CPU memory")
-    launcher_args: bool = Field(True, description="pass --local_rank=N to the script, as the deepspeed launcher does")
-    torch_adam: bool = Field(True, description="torch's Adam instead of the JIT-compiled fused one (CPU jobs)")
-    omp_num_threads: int | None = Field(None, ge=1, description="OMP_NUM_THREADS per process (default: CPUs per process)")
+
+@dataclass(frozen=True, kw_only=True)
+class DeepSpeedOptions(Model):
+    # None: not said by the job, so the user's ds_config file (or the default) decides
+    zero_stage: Annotated[int, Ge(0), Le(3)] | None = setting(None, f"ZeRO stage (default: your config's, else {DEFAULT_ZERO_STAGE})")
+    micro_batch: Annotated[int, Ge(1)] | None = setting(None, f"train_micro_batch_size_per_gpu (default: your config's, else {DEFAULT_MICRO_BATCH})")
+    config: str | None = setting(None, "your ds_config JSON; the job's settings are merged over it")
+    offload_optimizer: bool = setting(False, "ZeRO optimizer state offload to CPU memory")
+    launcher_args: bool = setting(True, "pass --local_rank=N to the script, as the deepspeed launcher does")
+    torch_adam: bool = setting(True, "torch's Adam instead of the JIT-compiled fused one (CPU jobs)")
+    omp_num_threads: Annotated[int, Ge(1)] | None = setting(None, "OMP_NUM_THREADS per process (default: CPUs per process)")
 
 
 def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -59,21 +63,20 @@ def build_ds_config(options: DeepSpeedOptions, *, precision: str | None, grad_ac
                     grad_clip: float | None, user: dict[str, Any] | None = None) -> dict[str, Any]:
     """Defaults < the user's file < what the job says explicitly."""
     defaults: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": options.micro_batch,
+        "train_micro_batch_size_per_gpu": DEFAULT_MICRO_BATCH,
         "gradient_accumulation_steps": 1,
         # DeepSpeed 0.19 clips at 1.0 unless told otherwise; clip only when the job asks (--grad-clip),
         # as every other backend does, so one script trains the same under each
         "gradient_clipping": 0.0,
-        "zero_optimization": {"stage": options.zero_stage},
+        "zero_optimization": {"stage": DEFAULT_ZERO_STAGE},
         "steps_per_print": 10**9,  # hpc_train's own progress output is enough
         # the script's own torch optimizer (ctx.prepare(model, opt)) is not on DeepSpeed's tested list
         "zero_allow_untested_optimizer": True,
     }
     explicit: dict[str, Any] = {}
-    fields = options.model_fields_set
-    if "zero_stage" in fields:
+    if options.zero_stage is not None:
         explicit["zero_optimization"] = {"stage": options.zero_stage}
-    if "micro_batch" in fields:
+    if options.micro_batch is not None:
         explicit["train_micro_batch_size_per_gpu"] = options.micro_batch
     if options.offload_optimizer:
         explicit.setdefault("zero_optimization", {})["offload_optimizer"] = {"device": "cpu"}

@@ -31,7 +31,9 @@ class DeepSpeedRuntime(BackendRuntime):
             return json.loads(raw)
         from hpc_train_plugins.deepspeed import DeepSpeedOptions, build_ds_config
 
-        options = DeepSpeedOptions.model_validate(self.options.backend_options)
+        from hpc_train.config.validate import validate
+
+        options = validate(DeepSpeedOptions, self.options.backend_options)
         return build_ds_config(options, precision=self.options.precision, grad_accum=self.options.grad_accum,
                                grad_clip=self.options.grad_clip)
 

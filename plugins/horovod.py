@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from hpc_train import Backend, LaunchInfo, hookimpl
 from hpc_train_plugins.mpi import MpiLaunched
 
+from hpc_train import Backend, LaunchInfo, hookimpl
+from hpc_train.config.fields import Ge, Gt, Model, setting
 
-class HorovodOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
-    pmi: str = Field("pmix", description="srun --mpi plugin")
-    fusion_threshold_mb: int | None = Field(None, ge=0, description="HOROVOD_FUSION_THRESHOLD (tensor fusion buffer)")
-    cycle_time_ms: float | None = Field(None, gt=0, description="HOROVOD_CYCLE_TIME between fusion cycles")
-    fp16_compression: bool = Field(False, description="compress gradients to fp16 for the all-reduce")
-    cpu_operations: Literal["gloo", "mpi"] | None = Field(None, description="HOROVOD_CPU_OPERATIONS")
-    omp_num_threads: int | None = Field(None, ge=1, description="OMP_NUM_THREADS per process (default: CPUs per process)")
+@dataclass(frozen=True, kw_only=True)
+class HorovodOptions(Model):
+    pmi: str = setting("pmix", "srun --mpi plugin")
+    fusion_threshold_mb: Annotated[int, Ge(0)] | None = setting(None, "HOROVOD_FUSION_THRESHOLD (tensor fusion buffer)")
+    cycle_time_ms: Annotated[float, Gt(0)] | None = setting(None, "HOROVOD_CYCLE_TIME between fusion cycles")
+    fp16_compression: bool = setting(False, "compress gradients to fp16 for the all-reduce")
+    cpu_operations: Literal["gloo", "mpi"] | None = setting(None, "HOROVOD_CPU_OPERATIONS")
+    omp_num_threads: Annotated[int, Ge(1)] | None = setting(None, "OMP_NUM_THREADS per process (default: CPUs per process)")
 
 
 class Horovod(MpiLaunched):

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from dataclasses import dataclass
+from typing import Annotated
 
 from hpc_train import Backend, LaunchInfo, Word, hookimpl, launch_shim
+from hpc_train.config.fields import Ge, Model, setting
 
 
-class MpiOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    pmi: str = Field("pmix", description="srun --mpi plugin (Debian's Open MPI has pmix, not pmi2)")
-    omp_num_threads: int | None = Field(None, ge=1, description="OMP_NUM_THREADS per process (default: CPUs per process)")
+@dataclass(frozen=True, kw_only=True)
+class MpiOptions(Model):
+    pmi: str = setting("pmix", "srun --mpi plugin (Debian's Open MPI has pmix, not pmi2)")
+    omp_num_threads: Annotated[int, Ge(1)] | None = setting(None, "OMP_NUM_THREADS per process (default: CPUs per process)")
 
 
 class MpiLaunched(Backend):

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field
+from dataclasses import dataclass
+from typing import Annotated, Literal
 
 from hpc_train import Backend, LaunchInfo, Raw, Word, hookimpl
+from hpc_train.config.fields import Ge, Model, setting
 
 
-class TorchrunOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    rdzv_backend: Literal["c10d", "static"] = Field("c10d", description="rendezvous: c10d store on the first node, or static ranks")
-    max_restarts: int = Field(0, ge=0, description="worker group restarts torchrun itself attempts")
-    rdzv_timeout: int = Field(900, ge=1, description="seconds to wait for all nodes to join")
-    omp_num_threads: int | None = Field(None, ge=1, description="OMP_NUM_THREADS per worker (torchrun's default: 1)")
+@dataclass(frozen=True, kw_only=True)
+class TorchrunOptions(Model):
+    rdzv_backend: Literal["c10d", "static"] = setting("c10d", "rendezvous: c10d store on the first node, or static ranks")
+    max_restarts: Annotated[int, Ge(0)] = setting(0, "worker group restarts torchrun itself attempts")
+    rdzv_timeout: Annotated[int, Ge(1)] = setting(900, "seconds to wait for all nodes to join")
+    omp_num_threads: Annotated[int, Ge(1)] | None = setting(None, "OMP_NUM_THREADS per worker (torchrun's default: 1)")
 
 
 class Torchrun(Backend):

@@ -14,9 +14,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(autouse=True)
 def isolated_user(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """No test reads or writes the real user's config, job records or site path."""
+    """No test reads or writes the real user's config, caches, job records or site path."""
     home = tmp_path_factory.mktemp("user")
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "config"))
+    # one cache for the session: what a user's warm caches are; the cache tests make their own
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "cache"))
+    monkeypatch.delenv("HPC_TRAIN_NO_CACHE", raising=False)
     monkeypatch.setenv("HPC_TRAIN_STATE_DIR", str(home / "state"))
     monkeypatch.delenv("HPC_TRAIN_SITE_PATH", raising=False)
     monkeypatch.delenv("HPC_TRAIN_DISABLE_PLUGINS", raising=False)

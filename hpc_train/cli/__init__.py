@@ -22,18 +22,20 @@ COMMANDS = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole CLI; with ``command`` (a built-in one), only that subcommand: the other thirteen and
+    the plugins' commands cost a login node tens of milliseconds to set up, for nothing."""
     parser = argparse.ArgumentParser(
         prog="python -m hpc_train",
         description="Take a PyTorch training script to a Slurm cluster and keep it running there.",
     )
     parser.add_argument("--version", action="version", version=f"hpc_train {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
+    for name in COMMANDS if command is None else (command,):
         module = importlib.import_module(f"hpc_train.cli.{name}_cmd")
-        command = module.register(sub)
-        command.set_defaults(_run=module.run)
-    add_plugin_commands(sub)
+        module.register(sub).set_defaults(_run=module.run)
+    if command is None:
+        add_plugin_commands(sub)
     return parser
 
 
@@ -90,7 +92,7 @@ def split_script_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     own, rest = split_script_args(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    parser = build_parser(own[0] if own and own[0] in COMMANDS else None)
     args = parser.parse_args(own)
     args.after_dashdash = rest
     if not getattr(args, "_run", None):

@@ -10,14 +10,14 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hpc_train.config.fields import descriptions
     from hpc_train.plugins import default_plugins
 
     plugins = default_plugins()
     for name, cls in sorted(plugins.backends.items()):
         print(f"{name}: {cls.summary}")
-        for field_name, field in cls.Options.model_fields.items():
-            default = field.get_default(call_default_factory=True)
-            about = f"  {field.description}" if field.description else ""
+        for field_name, (default, description) in descriptions(cls.Options).items():
+            about = f"  {description}" if description else ""
             print(f"    -o {field_name}=...  (default {default!r}){about}")
     for failure in plugins.failures:
         print(f"warning: plugin {failure.name!r} ({failure.distribution or 'unknown distribution'}) failed to load: {failure.error}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         raise SchedulerError(f"preflight job {handle.job_id}", f"ended {state} without results",
                              f"python -m hpc_train logs {handle.job_id} (every rank: --rank N)")
     if args.expect is not None:
-        expect = expect.model_copy(update={"busbw_gbs": args.expect})
+        expect = dataclasses.replace(expect, busbw_gbs=args.expect)
     verdict = evaluate(result, expect)
     if args.json:
         print(json.dumps({"job_id": handle.job_id, "passed": verdict.passed, "findings": verdict.lines,

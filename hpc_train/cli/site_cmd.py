@@ -37,12 +37,13 @@ def _emit(data: Any, loc: tuple[str, ...], prov: dict[str, tuple[str, int | None
 def run(args: argparse.Namespace) -> int:
     from hpc_train.api import resolve_site
     from hpc_train.config.loader import display_path
+    from hpc_train.config.validate import dump
     from hpc_train.plugins import default_plugins
 
     resolved = resolve_site(args.name, default_plugins())
     chain = " <- ".join(display_path(p) for p in reversed(resolved.chain))
     print(f"# site {resolved.name}: {chain}")
     out: list[str] = []
-    _emit(resolved.config.model_dump(mode="json"), (), resolved.provenance, 0, out)
+    _emit(dump(resolved.config), (), resolved.provenance, 0, out)
     print("\n".join(out))
     return 0

@@ -31,13 +31,12 @@ def run(args: argparse.Namespace) -> int:
             ]
             for backend, options in resolved.config.backends.items():
                 if backend in plugins.backends:
-                    from pydantic import ValidationError
-
                     from hpc_train.config.errors import problems_from_validation
+                    from hpc_train.config.validate import ValidationError, validate
 
                     cls = plugins.backends[backend]
                     try:
-                        cls.Options.model_validate(options)
+                        validate(cls.Options, options)
                     except ValidationError as exc:
                         problems += problems_from_validation(exc, cls.Options, str(resolved.path), prefix=("backends", backend))
             if problems:

@@ -1,7 +1,32 @@
-"""Typed configuration: site files (YAML) and job specs, with errors that name file, key and line."""
+"""Typed configuration: site files (YAML) and job specs, with errors that name file, key and line.
 
-from hpc_train.config.job import JobSpec
-from hpc_train.config.loader import SiteRegistry, load_site
-from hpc_train.config.models import Partition, SiteConfig
+Submodules load on first use: ``hpc_train.backend`` needs only ``fields``, and a command that reads
+no site file should not pay for the YAML loader.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hpc_train.config.job import JobSpec
+    from hpc_train.config.loader import SiteRegistry, load_site
+    from hpc_train.config.models import Partition, SiteConfig
+
+_WHERE = {
+    "JobSpec": "hpc_train.config.job",
+    "SiteRegistry": "hpc_train.config.loader",
+    "load_site": "hpc_train.config.loader",
+    "Partition": "hpc_train.config.models",
+    "SiteConfig": "hpc_train.config.models",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'hpc_train.config' has no attribute {name!r}")
+    return getattr(importlib.import_module(_WHERE[name]), name)
+
 
 __all__ = ["JobSpec", "Partition", "SiteConfig", "SiteRegistry", "load_site"]

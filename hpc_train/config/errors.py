@@ -2,36 +2,48 @@
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
-
+from hpc_train.config.fields import field_names
+from hpc_train.config.validate import ValidationError
 from hpc_train.errors import Problem, did_you_mean
 
 Loc = tuple[str | int, ...]
+UNKNOWN_KEY = ("extra_forbidden", "unexpected_keyword_argument")  # a model's, a dataclass's
 
 
 def dotted(loc: Loc) -> str:
     return ".".join(str(part) for part in loc)
 
 
-def _model_at(model: type[BaseModel], loc: Loc) -> type[BaseModel] | None:
+def _is_model(cls: Any) -> bool:
+    return isinstance(cls, type) and (dataclasses.is_dataclass(cls) or hasattr(cls, "model_fields"))
+
+
+def _field_type(model: type, name: str) -> Any:
+    if dataclasses.is_dataclass(model):
+        return typing.get_type_hints(model).get(name)  # resolves the string annotations, drops Annotated
+    field = getattr(model, "model_fields", {}).get(name)
+    return field.annotation if field is not None else None
+
+
+def _model_at(model: type, loc: Loc) -> type | None:
     """The model class that owns the last element of ``loc`` (to suggest its field names)."""
     current: Any = model
     for part in loc[:-1]:
-        if isinstance(current, type) and issubclass(current, BaseModel):
-            field = current.model_fields.get(str(part))
-            if field is None:
+        if _is_model(current):
+            current = _field_type(current, str(part))
+            if current is None:
                 return None
-            current = field.annotation
         else:
             # dict[str, Model] / list[Model]: step into the value type, skipping the key or index
             args = typing.get_args(current)
             current = args[-1] if args else None
         current = _unwrap(current)
-    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+    return current if _is_model(current) else None
 
 
 def _unwrap(annotation: Any) -> Any:
@@ -39,7 +51,7 @@ def _unwrap(annotation: Any) -> Any:
     if typing.get_origin(annotation) in (dict, list, tuple):
         return annotation
     for arg in typing.get_args(annotation) or ():
-        if isinstance(arg, type) and issubclass(arg, BaseModel):
+        if _is_model(arg):
             return arg
     return annotation
 
@@ -59,6 +71,7 @@ def _expected(error: dict[str, Any]) -> str:
         "dict_type": "expected a mapping (key: value)",
         "list_type": "expected a list",
         "model_type": "expected a mapping (key: value)",
+        "dataclass_type": "expected a mapping (key: value)",
         "missing": "required key is missing",
     }
     if kind in simple:
@@ -78,7 +91,7 @@ def _expected(error: dict[str, Any]) -> str:
 
 def problems_from_validation(
     exc: ValidationError,
-    model: type[BaseModel],
+    model: type,
     source: str | Callable[[Loc], str],
     line_of: Callable[[Loc], int | None] = lambda loc: None,
     prefix: Loc = (),
@@ -88,9 +101,9 @@ def problems_from_validation(
         loc: Loc = tuple(part for part in error["loc"] if not str(part).startswith("function-"))
         key = dotted(prefix + loc)
         src = source(loc) if callable(source) else source
-        if error["type"] == "extra_forbidden":
+        if error["type"] in UNKNOWN_KEY:
             owner = _model_at(model, loc)
-            hint = did_you_mean(str(loc[-1]), owner.model_fields, "key") if owner else None
+            hint = did_you_mean(str(loc[-1]), field_names(owner), "key") if owner else None
             problems.append(Problem(src, key, "unknown key", line_of(loc), hint))
             continue
         message = _expected(error)

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
-
-from hpc_train.config.models import EnvValue, Model, SbatchValue, _check_env_names
-from hpc_train.config.slurm_time import parse_slurm_time
+from hpc_train.config.fields import After, Before, Ge, Gt, Model, setting
+from hpc_train.config.models import Env, SbatchValue, SlurmTime
 from hpc_train.errors import UsageError
 from hpc_train.layout import canonical as canonical_layout
 
@@ -19,102 +18,94 @@ SBATCH_KEY = re.compile(r"^[a-z][a-z0-9-]*$")
 AFTER_ID = re.compile(r"^[0-9]+(_[0-9]+)?$")
 
 
+def _parallel(value: str | dict[str, int] | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return canonical_layout(value)
+    except UsageError as exc:
+        raise ValueError(str(exc).replace("\n  hint: ", "; ")) from None
+
+
+def _after(value: Any) -> list[str]:
+    ids = [value] if isinstance(value, (str, int)) else list(value or [])
+    words = [w for item in ids for w in str(item).replace(":", ",").split(",") if w.strip()]
+    bad = [w for w in words if not AFTER_ID.match(w.strip())]
+    if bad:
+        raise ValueError(f"{bad[0]!r} is not a Slurm job id (like 1234 or 1234_5)")
+    return [w.strip() for w in words]
+
+
+def _single_line(value: str | None) -> str | None:
+    # These become #SBATCH values: a newline would start a directive of the user's choosing.
+    if value is not None and _CONTROL.search(value):
+        raise ValueError("must not contain newlines or other control characters")
+    return value
+
+
+def _sbatch_keys(value: dict[str, Any]) -> dict[str, Any]:
+    for key, item in value.items():
+        if not SBATCH_KEY.match(key):
+            raise ValueError(f"{key!r} is not an sbatch long option name (like 'mail-type')")
+        if key in RESERVED_SBATCH:
+            raise ValueError(f"--{key} is set by hpc_train; use the job option for it instead")
+        if isinstance(item, str) and _CONTROL.search(item):
+            raise ValueError(f"value of {key!r} must not contain newlines or other control characters")
+    return value
+
+
+Line = Annotated[str | None, After(_single_line)]
+
+
+@dataclass(frozen=True, kw_only=True)
 class JobSpec(Model):
     """One training job. ``None`` means "the site's (or backend's) default"."""
 
-    site: str | None = Field(None, description="site name or path to a site YAML file")
-    backend: str = Field("torchrun", description="distributed backend plugin")
-    script: str | None = Field(None, description="training script (script jobs)")
-    script_args: list[str] = Field(default_factory=list, description="arguments after --")
-    nodes: int = Field(1, ge=1)
-    procs_per_node: int | None = Field(None, ge=1, description="processes per node (default: GPUs per node, 1 on CPU)")
-    gpus_per_node: int | None = Field(None, ge=0)
-    cpus_per_task: int | None = Field(None, ge=1)
-    mem: str | None = Field(None, description="memory per node, as sbatch --mem takes it")
-    partition: str | None = None
-    time: str | int | None = Field(None, description="time limit, Slurm format (12:00:00, 2-00:00:00)")
-    job_name: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    reservation: str | None = None
-    constraint: str | None = None
-    env: dict[str, EnvValue] = Field(default_factory=dict)
+    site: str | None = setting(None, "site name or path to a site YAML file")
+    backend: str = setting("torchrun", "distributed backend plugin")
+    script: str | None = setting(None, "training script (script jobs)")
+    script_args: list[str] = setting(doc="arguments after --", factory=list)
+    nodes: Annotated[int, Ge(1)] = 1
+    procs_per_node: Annotated[int, Ge(1)] | None = setting(None, "processes per node (default: GPUs per node, 1 on CPU)")
+    gpus_per_node: Annotated[int, Ge(0)] | None = None
+    cpus_per_task: Annotated[int, Ge(1)] | None = None
+    mem: Line = setting(None, "memory per node, as sbatch --mem takes it")
+    partition: Line = None
+    time: SlurmTime = setting(None, "time limit, Slurm format (12:00:00, 2-00:00:00)")
+    job_name: Line = None
+    account: Line = None
+    qos: Line = None
+    reservation: Line = None
+    constraint: Line = None
+    env: Env = setting(factory=dict)
     nccl_profile: str | None = None
-    backend_options: dict[str, Any] = Field(default_factory=dict)
-    sbatch: dict[str, SbatchValue] = Field(default_factory=dict, description="extra #SBATCH options")
-    job_root: str | None = Field(None, description="folder for job folders; default: the site's job_root")
-    python: str | None = Field(None, description="python on the compute nodes")
-    container: bool | None = Field(None, description="run in the site's container (default: the site's 'enabled')")
-    container_image: str | None = Field(None, description="run in this image (implies container)")
-    workdir: str | None = Field(None, description="working directory of the job; default: where you submit from")
+    backend_options: dict[str, Any] = setting(factory=dict)
+    sbatch: Annotated[dict[str, SbatchValue], After(_sbatch_keys)] = setting(doc="extra #SBATCH options", factory=dict)
+    job_root: str | None = setting(None, "folder for job folders; default: the site's job_root")
+    python: str | None = setting(None, "python on the compute nodes")
+    container: bool | None = setting(None, "run in the site's container (default: the site's 'enabled')")
+    container_image: str | None = setting(None, "run in this image (implies container)")
+    workdir: str | None = setting(None, "working directory of the job; default: where you submit from")
     # training options, read inside the job by hpc_train.runtime (every backend)
     precision: Literal["fp32", "bf16", "fp16"] | None = None
-    grad_clip: float | None = Field(None, gt=0, description="clip the gradient norm to this value")
-    grad_accum: int | None = Field(None, ge=1, description="micro-batches per optimizer step")
-    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] | None = Field(None, description="DDP gradient compression")
+    grad_clip: Annotated[float, Gt(0)] | None = setting(None, "clip the gradient norm to this value")
+    grad_accum: Annotated[int, Ge(1)] | None = setting(None, "micro-batches per optimizer step")
+    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] | None = setting(None, "DDP gradient compression")
     activation_checkpointing: bool | None = None
     # preemption and time limits (defaults: the site's requeue policy)
-    requeue: bool | None = Field(None, description="save and requeue before the limit / on the warning signal")
-    max_restarts: int | None = Field(None, ge=0)
-    signal_grace: int | None = Field(None, ge=10, description="seconds of warning before the time limit")
+    requeue: bool | None = setting(None, "save and requeue before the limit / on the warning signal")
+    max_restarts: Annotated[int, Ge(0)] | None = None
+    signal_grace: Annotated[int, Ge(10)] | None = setting(None, "seconds of warning before the time limit")
     on_failure: Literal["fail", "requeue"] | None = None
-    checkpoint_every: int | None = Field(None, ge=1, description="save every N steps (ckpt.step)")
-    keep_checkpoints: int | None = Field(None, ge=1, description="how many complete checkpoints to keep")
-    async_checkpoint: bool | None = Field(None, description="write periodic checkpoints in the background")
-    exact_resume: bool | None = Field(None, description="fixed DDP gradient buckets so a resumed run is bit-identical")
-    metrics: bool | None = Field(None, description="per-step metrics files in the job folder (on unless False)")
+    checkpoint_every: Annotated[int, Ge(1)] | None = setting(None, "save every N steps (ckpt.step)")
+    keep_checkpoints: Annotated[int, Ge(1)] | None = setting(None, "how many complete checkpoints to keep")
+    async_checkpoint: bool | None = setting(None, "write periodic checkpoints in the background")
+    exact_resume: bool | None = setting(None, "fixed DDP gradient buckets so a resumed run is bit-identical")
+    metrics: bool | None = setting(None, "per-step metrics files in the job folder (on unless False)")
     # tensor / pipeline parallel layout (hpc_train.layout); checked against the resources by the plan
-    parallel: str | dict[str, int] | None = Field(None, description="process mesh sizes, e.g. 'dp=2,tp=2,pp=1'")
+    parallel: Annotated[str | dict[str, int] | None, After(_parallel)] = setting(
+        None, "process mesh sizes, e.g. 'dp=2,tp=2,pp=1'")
     # dependencies (sbatch --dependency): start after these jobs or sweeps; hpc_train.sweep expands sweep ids
-    after: list[str] = Field(default_factory=list, description="job ids this job waits for (--after)")
-    after_type: Literal["afterok", "afterany", "afternotok", "after", "aftercorr"] = Field(
-        "afterok", description="how --after jobs must end: afterok (succeeded), afterany, afternotok, after (started)")
-
-    _env_names = field_validator("env")(_check_env_names)
-
-    @field_validator("time")
-    @classmethod
-    def _time(cls, value: str | int | None) -> str | int | None:
-        if value is not None:
-            parse_slurm_time(value)
-        return value
-
-    @field_validator("parallel")
-    @classmethod
-    def _parallel(cls, value: str | dict[str, int] | None) -> str | None:
-        if value is None:
-            return None
-        try:
-            return canonical_layout(value)
-        except UsageError as exc:
-            raise ValueError(str(exc).replace("\n  hint: ", "; ")) from None
-
-    @field_validator("after", mode="before")
-    @classmethod
-    def _after(cls, value: Any) -> list[str]:
-        ids = [value] if isinstance(value, (str, int)) else list(value or [])
-        words = [w for item in ids for w in str(item).replace(":", ",").split(",") if w.strip()]
-        bad = [w for w in words if not AFTER_ID.match(w.strip())]
-        if bad:
-            raise ValueError(f"{bad[0]!r} is not a Slurm job id (like 1234 or 1234_5)")
-        return [w.strip() for w in words]
-
-    @field_validator("job_name", "account", "qos", "reservation", "constraint", "partition", "mem")
-    @classmethod
-    def _single_line(cls, value: str | None) -> str | None:
-        # These become #SBATCH values: a newline would start a directive of the user's choosing.
-        if value is not None and _CONTROL.search(value):
-            raise ValueError("must not contain newlines or other control characters")
-        return value
-
-    @field_validator("sbatch")
-    @classmethod
-    def _sbatch_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
-        for key, item in value.items():
-            if not SBATCH_KEY.match(key):
-                raise ValueError(f"{key!r} is not an sbatch long option name (like 'mail-type')")
-            if key in RESERVED_SBATCH:
-                raise ValueError(f"--{key} is set by hpc_train; use the job option for it instead")
-            if isinstance(item, str) and _CONTROL.search(item):
-                raise ValueError(f"value of {key!r} must not contain newlines or other control characters")
-        return value
+    after: Annotated[list[str], Before(_after)] = setting(doc="job ids this job waits for (--after)", factory=list)
+    after_type: Literal["afterok", "afterany", "afternotok", "after", "aftercorr"] = setting(
+        "afterok", "how --after jobs must end: afterok (succeeded), afterany, afternotok, after (started)")

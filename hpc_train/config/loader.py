@@ -10,15 +10,17 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING, Any
 
 from hpc_train._resources import builtin_dir
+from hpc_train.config import site_cache
 from hpc_train.config.errors import problems_from_validation
 from hpc_train.config.models import SiteConfig
-from hpc_train.config.yaml_lines import Loc, read_yaml
+from hpc_train.config.validate import ValidationError, validate
 from hpc_train.errors import ConfigError, Problem, UnknownNameError
+
+if TYPE_CHECKING:
+    from hpc_train.config.yaml_lines import Loc
 
 SUFFIXES = (".yaml", ".yml")
 
@@ -38,6 +40,7 @@ class ResolvedSite:
     path: Path
     chain: list[Path]
     provenance: dict[str, tuple[str, int | None]] = field(default_factory=dict)
+    digests: dict[str, str] = field(default_factory=dict)  # sha256 of each chain file as it was read (site_cache)
 
     @property
     def name(self) -> str:
@@ -113,10 +116,19 @@ class SiteRegistry:
 
     def load(self, name_or_path: str) -> ResolvedSite:
         path = self.locate(name_or_path)
-        data, provenance, chain = self._load_chain(path, [])
+        visible = {name: source.path for name, source in self.sources.items()}
+        resolved = site_cache.read(path, visible)
+        if resolved is None:
+            resolved = self._load(path)
+            site_cache.write(resolved, visible)
+        return resolved
+
+    def _load(self, path: Path) -> ResolvedSite:
+        digests: dict[str, str] = {}
+        data, provenance, chain = self._load_chain(path, [], digests)
         data.setdefault("name", path.stem)  # a parent's name was dropped in the merge
         try:
-            config = SiteConfig.model_validate(data)
+            config = validate(SiteConfig, data)
         except ValidationError as exc:
             def source_of(loc: Loc) -> str:
                 return _lookup(provenance, loc)[0] or display_path(path)
@@ -130,14 +142,22 @@ class SiteRegistry:
             raise ConfigError(problems)
         provenance.setdefault(("name",), (display_path(path), None))  # from the file name
         flat = {".".join(map(str, loc)): value for loc, value in provenance.items()}
-        return ResolvedSite(config, path, chain, flat)
+        return ResolvedSite(config, path, chain, flat, digests)
 
-    def _load_chain(self, path: Path, seen: list[Path]) -> tuple[dict[str, Any], dict[Loc, tuple[str, int | None]], list[Path]]:
+    def _load_chain(self, path: Path, seen: list[Path], digests: dict[str, str],
+                    ) -> tuple[dict[str, Any], dict[Loc, tuple[str, int | None]], list[Path]]:
+        from hpc_train.config.yaml_lines import (  # YAML only when no cached site will do
+            parse_yaml,
+            read_bytes,
+        )
+
         display = display_path(path)
         if path.resolve() in seen:
             cycle = " -> ".join(display_path(p) for p in seen + [path.resolve()])
             raise ConfigError(Problem(display, "extends", f"inheritance cycle: {cycle}"))
-        data, lines = read_yaml(path, display)
+        raw = read_bytes(path, display)
+        digests[str(path)] = site_cache.digest(raw)
+        data, lines = parse_yaml(raw, display)
         if data is None:
             data = {}
         if not isinstance(data, dict):
@@ -153,7 +173,7 @@ class SiteRegistry:
             parent_path = self.locate(parent_name, relative_to=path.parent)
         except UnknownNameError as exc:
             raise ConfigError(Problem(display, "extends", exc.message, lines.get(("extends",)), exc.hint)) from None
-        parent, parent_prov, chain = self._load_chain(parent_path, seen + [path.resolve()])
+        parent, parent_prov, chain = self._load_chain(parent_path, seen + [path.resolve()], digests)
         parent.pop("name", None)
         merged = deep_merge(parent, data)
         provenance = dict(parent_prov)

@@ -1,19 +1,15 @@
-"""Site configuration models. Unknown keys are rejected: a typo in a site file must never be ignored."""
+"""Site configuration models. Unknown keys are rejected: a typo in a site file must never be ignored.
+
+Plain frozen dataclasses (hpc_train.config.fields): pydantic validates them (hpc_train.config.validate).
+"""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    field_validator,
-)
-
+from hpc_train.config.fields import After, Before, Ge, Gt, Le, Model, Pattern, setting
 from hpc_train.config.slurm_time import parse_slurm_time
 from hpc_train.nccl import check_name, profile_errors
 
@@ -29,14 +25,6 @@ def _scalar_to_str(value: Any) -> Any:
     if isinstance(value, (int, float)):
         return str(value)
     return value
-
-
-EnvValue = Annotated[str, BeforeValidator(_scalar_to_str)]
-SbatchValue = Annotated[str | int | bool | None, Field()]
-
-
-class Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, defer_build=True)
 
 
 def _check_env_names(env: dict[str, str]) -> dict[str, str]:
@@ -55,113 +43,117 @@ def _check_time(value: str | int | None) -> str | int | None:
     return value
 
 
+def _safe_name(value: str | None) -> str | None:
+    if value is not None and not SAFE_NAME.match(value):
+        raise ValueError(f"{value!r} is not a valid name (letters, digits, '.', '_', '+', '-')")
+    return value
+
+
+def _safe_partition_names(value: dict[str, Any]) -> dict[str, Any]:
+    for name in value:
+        if not SAFE_NAME.match(name):
+            raise ValueError(f"partition name {name!r} is not valid (letters, digits, '.', '_', '+', '-')")
+    return value
+
+
+def _profile_names(value: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    for name, error in profile_errors(value).items():  # names were checked per profile (NcclProfile)
+        raise ValueError(f"{name}: {error}")
+    return value
+
+
+EnvValue = Annotated[str, Before(_scalar_to_str)]
+SbatchValue = str | int | bool | None
+Env = Annotated[dict[str, EnvValue], After(_check_env_names)]
+SlurmTime = Annotated[str | int | None, After(_check_time)]
+SafeName = Annotated[str, After(_safe_name)]
+
 # --- fabric (issue 5): profiles are checked per profile, so an error names the profile's line
-NcclProfile = Annotated[dict[str, EnvValue], AfterValidator(_check_env_names)]
+NcclProfile = Annotated[dict[str, EnvValue], After(_check_env_names)]
 
 
+@dataclass(frozen=True, kw_only=True)
 class Preflight(Model):
     """What `preflight` expects of the fabric: all-reduce bus bandwidth in GB/s (nccl-tests' busbw)."""
 
-    busbw_gbs: float | None = Field(None, gt=0, description="least bus bandwidth at the largest message size")
-    pair_busbw_gbs: float | None = Field(None, gt=0, description="least bus bandwidth any node pair may show")
-    max_size: str = Field("1G", pattern=r"^[0-9]+[KMG]?$", description="largest all-reduce message (sizes go 1M, 4M, ... up to it)")
+    busbw_gbs: Annotated[float, Gt(0)] | None = setting(None, "least bus bandwidth at the largest message size")
+    pair_busbw_gbs: Annotated[float, Gt(0)] | None = setting(None, "least bus bandwidth any node pair may show")
+    max_size: Annotated[str, Pattern(r"^[0-9]+[KMG]?$")] = setting(
+        "1G", "largest all-reduce message (sizes go 1M, 4M, ... up to it)")
 
 
+@dataclass(frozen=True, kw_only=True)
 class Partition(Model):
     """One Slurm partition as the site's users see it."""
 
     description: str = ""
-    gpus_per_node: int = Field(0, ge=0, description="GPUs on each node; 0 for a CPU partition")
-    gpu_type: str | None = Field(None, description="gres type, e.g. a100 gives --gres=gpu:a100:N")
-    gpu_model: str | None = Field(None, description="for people: 'A100 80GB SXM'")
-    cpus_per_node: int | None = Field(None, ge=1)
-    mem_per_node: str | None = Field(None, description="memory per node, as sbatch --mem takes it: 500G")
-    max_nodes: int | None = Field(None, ge=1)
-    max_time: str | int | None = Field(None, description="the partition's time limit (Slurm time format)")
-    default_time: str | int | None = None
-    interconnect: str | None = Field(None, description="nvlink+ib-hdr, pcie, ... (for people and doctor)")
-    nccl_profile: str | None = Field(None, description="the NCCL profile jobs on this partition get by default")
-    preflight: Preflight | None = Field(None, description="the partition's own preflight figures (default: the site's)")
+    gpus_per_node: Annotated[int, Ge(0)] = setting(0, "GPUs on each node; 0 for a CPU partition")
+    gpu_type: str | None = setting(None, "gres type, e.g. a100 gives --gres=gpu:a100:N")
+    gpu_model: str | None = setting(None, "for people: 'A100 80GB SXM'")
+    cpus_per_node: Annotated[int, Ge(1)] | None = None
+    mem_per_node: str | None = setting(None, "memory per node, as sbatch --mem takes it: 500G")
+    max_nodes: Annotated[int, Ge(1)] | None = None
+    max_time: SlurmTime = setting(None, "the partition's time limit (Slurm time format)")
+    default_time: SlurmTime = None
+    interconnect: str | None = setting(None, "nvlink+ib-hdr, pcie, ... (for people and doctor)")
+    nccl_profile: str | None = setting(None, "the NCCL profile jobs on this partition get by default")
+    preflight: Preflight | None = setting(None, "the partition's own preflight figures (default: the site's)")
     constraint: str | None = None
-    sbatch: dict[str, SbatchValue] = Field(default_factory=dict, description="extra #SBATCH options")
-    env: dict[str, EnvValue] = Field(default_factory=dict)
-
-    _env_names = field_validator("env")(_check_env_names)
-    _times = field_validator("max_time", "default_time")(_check_time)
+    sbatch: dict[str, SbatchValue] = setting(doc="extra #SBATCH options", factory=dict)
+    env: Env = setting(factory=dict)
 
 
+@dataclass(frozen=True, kw_only=True)
 class Container(Model):
     """Run every task inside a container image: always (enabled), or when a job asks (--container)."""
 
     runtime: Literal["none", "apptainer", "singularity", "pyxis"] = "none"
-    enabled: bool = Field(False, description="every job runs in the image unless it says --no-container")
+    enabled: bool = setting(False, "every job runs in the image unless it says --no-container")
     image: str | None = None
-    mounts: list[str] = Field(default_factory=list, description="host:container bind mounts")
-    options: list[str] = Field(default_factory=list, description="extra flags for the container runtime")
+    mounts: list[str] = setting(doc="host:container bind mounts", factory=list)
+    options: list[str] = setting(doc="extra flags for the container runtime", factory=list)
 
 
+@dataclass(frozen=True, kw_only=True)
 class Requeue(Model):
     """How the site treats preemption and time limits."""
 
-    enabled: bool = Field(False, description="jobs save and requeue themselves before the limit or on preemption")
-    signal: Literal["USR1", "USR2", "TERM", "INT", "HUP"] = Field("USR2", description="the warning signal (USR1 can be taken by NCCL)")
-    grace_seconds: int = Field(120, ge=10, description="how long before the time limit the warning comes")
-    max_restarts: int = Field(3, ge=0, description="requeues a job may have before it stops for good")
-    on_failure: Literal["fail", "requeue"] = Field("fail", description="a run that crashes: fail the job, or requeue it (within the budget)")
-    release_held: bool = Field(False, description="submit --wait and wait() release a requeued job at once instead of after Slurm's ~2 min hold")
+    enabled: bool = setting(False, "jobs save and requeue themselves before the limit or on preemption")
+    signal: Literal["USR1", "USR2", "TERM", "INT", "HUP"] = setting("USR2", "the warning signal (USR1 can be taken by NCCL)")
+    grace_seconds: Annotated[int, Ge(10)] = setting(120, "how long before the time limit the warning comes")
+    max_restarts: Annotated[int, Ge(0)] = setting(3, "requeues a job may have before it stops for good")
+    on_failure: Literal["fail", "requeue"] = setting("fail", "a run that crashes: fail the job, or requeue it (within the budget)")
+    release_held: bool = setting(False, "submit --wait and wait() release a requeued job at once instead of after Slurm's ~2 min hold")
 
 
+@dataclass(frozen=True, kw_only=True)
 class SiteConfig(Model):
     """A cluster (or this machine) as hpc_train targets it."""
 
-    name: str
+    name: SafeName
     description: str = ""
-    extends: str | None = Field(None, description="site this one inherits from (name or relative path)")
+    extends: str | None = setting(None, "site this one inherits from (name or relative path)")
     scheduler: Literal["slurm", "local"] = "slurm"
-    default_partition: str | None = None
-    partitions: dict[str, Partition] = Field(default_factory=dict)
-    modules: list[str] = Field(default_factory=list, description="environment modules to load")
+    default_partition: Annotated[str | None, After(_safe_name)] = None
+    partitions: Annotated[dict[str, Partition], After(_safe_partition_names)] = setting(factory=dict)
+    modules: list[str] = setting(doc="environment modules to load", factory=list)
     module_purge: bool = False
-    setup: list[str] = Field(default_factory=list, description="shell lines the site runs before launch")
-    env: dict[str, EnvValue] = Field(default_factory=dict)
-    nccl_profiles: dict[str, NcclProfile] = Field(
-        default_factory=dict, description="named sets of NCCL/fabric variables; 'extends: other' inherits one")
-    preflight: Preflight = Field(default_factory=Preflight, description="what `preflight` expects of the fabric")
-    container: Container = Field(default_factory=Container)
-    requeue: Requeue = Field(default_factory=Requeue)
-    storage: dict[str, str] = Field(default_factory=dict, description="named shared paths, exported as HPC_TRAIN_<NAME>_DIR")
-    job_root: str = Field("~/hpc_train/jobs", description="where job folders (logs, scripts, results) go; must be shared")
-    python: str | None = Field(None, description="python on the compute nodes; default: the submitting interpreter")
-    slurm_conf: str | None = Field(None, description="SLURM_CONF for the login side, when not the system default")
-    sbatch: dict[str, SbatchValue] = Field(default_factory=dict, description="extra #SBATCH options for every job")
+    setup: list[str] = setting(doc="shell lines the site runs before launch", factory=list)
+    env: Env = setting(factory=dict)
+    nccl_profiles: Annotated[dict[str, NcclProfile], After(_profile_names)] = setting(
+        doc="named sets of NCCL/fabric variables; 'extends: other' inherits one", factory=dict)
+    preflight: Preflight | None = setting(None, "what `preflight` expects of the fabric (default: no figure)")
+    container: Container = setting(factory=Container)
+    requeue: Requeue = setting(factory=Requeue)
+    storage: dict[str, str] = setting(doc="named shared paths, exported as HPC_TRAIN_<NAME>_DIR", factory=dict)
+    job_root: str = setting("~/hpc_train/jobs", "where job folders (logs, scripts, results) go; must be shared")
+    python: str | None = setting(None, "python on the compute nodes; default: the submitting interpreter")
+    slurm_conf: str | None = setting(None, "SLURM_CONF for the login side, when not the system default")
+    sbatch: dict[str, SbatchValue] = setting(doc="extra #SBATCH options for every job", factory=dict)
     template: str = "sbatch/base.sh.j2"
-    template_dirs: list[str] = Field(default_factory=list, description="folders searched before the built-in templates")
-    master_port: int = Field(29500, ge=1024, le=65535)
-    backends: dict[str, dict[str, Any]] = Field(default_factory=dict, description="per-backend default options")
-
-    _env_names = field_validator("env")(_check_env_names)
-
-    @field_validator("name", "default_partition")
-    @classmethod
-    def _safe_name(cls, value: str | None) -> str | None:
-        if value is not None and not SAFE_NAME.match(value):
-            raise ValueError(f"{value!r} is not a valid name (letters, digits, '.', '_', '+', '-')")
-        return value
-
-    @field_validator("partitions")
-    @classmethod
-    def _safe_partitions(cls, value: dict[str, Partition]) -> dict[str, Partition]:
-        for name in value:
-            if not SAFE_NAME.match(name):
-                raise ValueError(f"partition name {name!r} is not valid (letters, digits, '.', '_', '+', '-')")
-        return value
-
-    @field_validator("nccl_profiles")
-    @classmethod
-    def _profile_names(cls, value: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
-        for name, error in profile_errors(value).items():  # names were checked per profile (NcclProfile)
-            raise ValueError(f"{name}: {error}")
-        return value
+    template_dirs: list[str] = setting(doc="folders searched before the built-in templates", factory=list)
+    master_port: Annotated[int, Ge(1024), Le(65535)] = 29500
+    backends: dict[str, dict[str, Any]] = setting(doc="per-backend default options", factory=dict)
 
     def partition(self, name: str | None) -> tuple[str | None, Partition | None]:
         """The named partition, else the site's default; (None, None) for a site without partitions."""

@@ -12,15 +12,23 @@ from hpc_train.errors import ConfigError, Problem
 Loc = tuple[str | int, ...]
 
 
-def read_yaml(path: Path, display: str) -> tuple[Any, dict[Loc, int]]:
+def read_bytes(path: Path, display: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(Problem(display, "", f"cannot read site file: {exc.strerror or exc}")) from None
+
+
+def parse_yaml(raw: bytes, display: str) -> tuple[Any, dict[Loc, int]]:
     """Parse one YAML document; return the data and {key path: 1-based line}.
 
     Duplicate keys are an error: YAML keeps the last one silently, which hides typos in long files.
     """
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(Problem(display, "", f"cannot read site file: {exc.strerror or exc}")) from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(Problem(display, "", "the file is not UTF-8 text", line)) from None
     # libyaml's parser when PyYAML has it: several times faster on a cold login node
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
     try:

@@ -12,7 +12,7 @@ set -eo pipefail
 
 # environment; each value says where it came from (site < partition < nccl profile < backend < plugins < job)
 export HPC_TRAIN_BACKEND=deepspeed  # hpc_train
-export HPC_TRAIN_BACKEND_OPTIONS='{"zero_stage":2,"micro_batch":1,"config":null,"offload_optimizer":false,"launcher_args":true,"torch_adam":true,"omp_num_threads":null}'  # backend deepspeed
+export HPC_TRAIN_BACKEND_OPTIONS='{"zero_stage":null,"micro_batch":null,"config":null,"offload_optimizer":false,"launcher_args":true,"torch_adam":true,"omp_num_threads":null}'  # backend deepspeed
 export HPC_TRAIN_DEEPSPEED_CONFIG_JSON='{"gradient_accumulation_steps": 1, "gradient_clipping": 0.0, "steps_per_print": 1000000000, "train_micro_batch_size_per_gpu": 1, "zero_allow_untested_optimizer": true, "zero_optimization": {"stage": 2}}'  # backend deepspeed
 export HPC_TRAIN_JOB_ROOT=/home/alice/hpc_train/jobs  # hpc_train
 export HPC_TRAIN_NODES=2  # hpc_train

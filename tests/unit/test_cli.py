@@ -113,6 +113,25 @@ def test_login_side_never_imports_frameworks(script, args):
     assert "HEAVY=\n" in out.stderr or out.stderr.rstrip().endswith("HEAVY="), out.stderr[-2000:]
 
 
+WARM_RENDER = """
+import sys, runpy
+sys.argv = ["hpc_train", "render", "--site", "bluecloud", "--nodes", "4", {script!r}]
+try:
+    runpy.run_module("hpc_train", run_name="__main__")
+except SystemExit:
+    pass
+print("LOADED=" + ",".join(m for m in ("pydantic", "yaml", "importlib.metadata") if m in sys.modules), file=sys.stderr)
+"""
+
+
+def test_warm_render_needs_neither_pydantic_nor_yaml_nor_metadata(script):
+    # login-node latency: the caches (validators, resolved sites, entry points) spare these imports
+    runs = [subprocess.run([sys.executable, "-c", WARM_RENDER.format(script=str(script))], capture_output=True,
+                           text=True, cwd=REPO) for _ in range(2)]
+    assert runs[0].stdout == runs[1].stdout and "#SBATCH --nodes=4" in runs[1].stdout
+    assert "LOADED=\n" in runs[1].stderr, runs[1].stderr[-2000:]
+
+
 def test_python_api_render_matches_cli(script):
     import hpc_train
 

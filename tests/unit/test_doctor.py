@@ -3,6 +3,7 @@ fake /sys tree, and the real command on this (GPU-less) machine."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -185,7 +186,7 @@ def test_slurm_partition_state(plugins):
     from hpc_train.config.loader import load_site
 
     site = load_site("sandbox").config
-    site = site.model_copy(update={"slurm_conf": None})
+    site = dataclasses.replace(site, slurm_conf=None)
     outputs = {"--version": (0, "slurm 23.11.4\n"), "-h": (0, "cpu|up|1|idle\ncpu|up|1|drained\ngpu|down|2|idle\n")}
     check = doctor.check_slurm(Context(site=site), lambda cmd: outputs[cmd[1]])
     assert check.status == FAIL and "partition gpu is down" in check.summary

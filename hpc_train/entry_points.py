@@ -1,0 +1,134 @@
+"""The ``hpc_train`` entry points: read through importlib.metadata once, then from the user's cache.
+
+Listing entry points makes importlib.metadata import its parsers and read every installed
+distribution: tens of milliseconds on each command, on a login node. The list changes only when a
+distribution is installed, removed or rewritten, which adds or removes a metadata folder on
+``sys.path`` or rewrites its ``entry_points.txt``; the cache entry records those folders and times and
+is used only while they all still match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from hpc_train._resources import cache_dir, write_atomic
+
+FORMAT = 1
+METADATA_SUFFIXES = (".dist-info", ".egg-info")
+SITE_SUFFIXES = (".yaml", ".yml")
+#: Folder names in a distribution's file list that hold site files (see ``shipped_sites``).
+SITE_FOLDERS = ("sites", "site_configs")
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    name: str
+    value: str  # "package.module:attr"
+    distribution: str | None
+    version: str | None
+    sites: tuple[str, ...] = ()  # site files the distribution ships (named when the plugin is broken)
+
+    @property
+    def module(self) -> str:
+        return self.value.partition(":")[0].strip()
+
+    def load(self) -> Any:
+        """The object the entry point names (``module`` or ``module:attr.attr``; ``[extras]`` ignored)."""
+        target = importlib.import_module(self.module)
+        attrs = self.value.partition(":")[2].split("[")[0].strip()
+        for attr in attrs.split(".") if attrs else ():
+            target = getattr(target, attr)
+        return target
+
+
+def entry_points(group: str) -> list[EntryPoint]:
+    """Every entry point of ``group``, in importlib.metadata's order."""
+    stamps = _stamps()
+    entry = _entry_file(group)
+    if entry is not None:
+        try:
+            stored = json.loads(entry.read_text())
+            if stored["format"] == FORMAT and stored["stamps"] == stamps:
+                return [EntryPoint(**{**e, "sites": tuple(e["sites"])}) for e in stored["entry_points"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # missing or damaged: list them again
+    found = _read(group)
+    if entry is not None:
+        _write(entry, {"format": FORMAT, "stamps": stamps, "entry_points": [asdict(e) for e in found]})
+    return found
+
+
+def _read(group: str) -> list[EntryPoint]:
+    import importlib.metadata
+
+    found = []
+    for ep in importlib.metadata.entry_points(group=group):
+        dist = ep.dist
+        found.append(EntryPoint(ep.name, ep.value, dist.metadata["Name"] if dist else None,
+                                dist.version if dist else None, shipped_sites(ep)))
+    return found
+
+
+def shipped_sites(ep: Any) -> tuple[str, ...]:
+    """The site files an entry point's distribution ships, by name.
+
+    Read from the distribution's file list (RECORD), so it works when the plugin cannot be
+    imported. Only ``*.yaml`` files in a folder named ``sites`` or ``site_configs`` count; an
+    editable install lists no package files, and then nothing is known.
+    """
+    if ep.dist is None:
+        return ()
+    top = ep.module.split(".")[0]
+    try:
+        files = ep.dist.files or []
+    except Exception:  # a damaged RECORD must not turn one broken plugin into two
+        return ()
+    names = set()
+    for file in files:
+        path = PurePosixPath(str(file))
+        if path.parts and path.parts[0] == top and path.suffix in SITE_SUFFIXES and path.parent.name in SITE_FOLDERS:
+            names.add(path.stem)
+    return tuple(sorted(names))
+
+
+def _stamps() -> list[list[Any]]:
+    """Every distribution's metadata folder on sys.path with its entry_points.txt time: a distribution
+    installed, removed or rewritten changes the list (unrelated files, in the working folder say, do not)."""
+    out: list[list[Any]] = []
+    for folder in sys.path:
+        for path in _metadata_dirs(folder or os.getcwd()):
+            try:
+                out.append([path, os.stat(os.path.join(path, "entry_points.txt")).st_mtime_ns])
+            except OSError:
+                out.append([path, None])
+    return out
+
+
+def _metadata_dirs(folder: str) -> Iterator[str]:
+    try:
+        with os.scandir(folder) as it:
+            for item in it:
+                if item.name.endswith(METADATA_SUFFIXES):
+                    yield item.path
+    except OSError:  # a file (a zip on sys.path) or an unreadable folder
+        return
+
+
+def _entry_file(group: str) -> Path | None:
+    folder = cache_dir("entry_points")
+    if folder is None:
+        return None
+    key = "\0".join([group, sys.executable])
+    return folder / f"{group}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+
+
+def _write(entry: Path, data: dict[str, Any]) -> None:
+    write_atomic(entry, json.dumps(data).encode())
