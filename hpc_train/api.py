@@ -44,7 +44,7 @@ def make_job(**options: Any) -> JobSpec:
 
 
 def site_registry(plugins: Plugins) -> SiteRegistry:
-    return SiteRegistry(default_search_dirs(plugins.site_dirs()))
+    return SiteRegistry(default_search_dirs(plugins.site_dirs()), check=plugins.check_site)
 
 
 def resolve_site(name: str | None, plugins: Plugins) -> ResolvedSite:
@@ -52,9 +52,7 @@ def resolve_site(name: str | None, plugins: Plugins) -> ResolvedSite:
         import socket
 
         name = plugins.detect_site(hostname=socket.gethostname(), environ=dict(os.environ))
-    registry = site_registry(plugins)
-    plugins.check_site(name, registry.sources)  # a site from a plugin that failed to load is an error
-    return registry.load(name)
+    return site_registry(plugins).load(name)  # a site from a plugin that failed to load is an error
 
 
 def check_script(job: JobSpec) -> None:

@@ -7,7 +7,7 @@ folders contributed by plugins › the built-in ``site_configs/``. ``--site`` ma
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,7 +17,7 @@ from hpc_train.config import site_cache
 from hpc_train.config.errors import problems_from_validation
 from hpc_train.config.models import SiteConfig
 from hpc_train.config.validate import ValidationError, validate
-from hpc_train.errors import ConfigError, Problem, UnknownNameError
+from hpc_train.errors import ConfigError, PluginError, Problem, UnknownNameError
 
 if TYPE_CHECKING:
     from hpc_train.config.yaml_lines import Loc
@@ -73,8 +73,11 @@ def default_search_dirs(plugin_dirs: Iterable[tuple[Path, str]] = ()) -> list[tu
 class SiteRegistry:
     """All site files visible from the search path; the first folder that has a name wins."""
 
-    def __init__(self, search_dirs: Sequence[tuple[Path, str]]) -> None:
+    def __init__(self, search_dirs: Sequence[tuple[Path, str]],
+                 check: Callable[[str, Collection[str]], None] | None = None) -> None:
         self.search_dirs = list(search_dirs)
+        # refuses a name that a broken plugin ships (Plugins.check_site), asked by name or through extends
+        self.check = check
         self._sources: dict[str, SiteSource] | None = None
         self.shadowed: list[tuple[SiteSource, SiteSource]] = []
 
@@ -109,6 +112,8 @@ class SiteRegistry:
             if candidate.is_file():
                 return candidate
             raise ConfigError(Problem(name_or_path, "", "site file not found"))
+        if self.check is not None:
+            self.check(name_or_path, self.sources)
         source = self.sources.get(name_or_path)
         if source is None:
             raise UnknownNameError("site", name_or_path, self.sources)
@@ -171,7 +176,7 @@ class SiteRegistry:
             raise ConfigError(Problem(display, "extends", f"expected a site name or path, got {parent_name!r}", lines.get(("extends",))))
         try:
             parent_path = self.locate(parent_name, relative_to=path.parent)
-        except UnknownNameError as exc:
+        except (UnknownNameError, PluginError) as exc:
             raise ConfigError(Problem(display, "extends", exc.message, lines.get(("extends",)), exc.hint)) from None
         parent, parent_prov, chain = self._load_chain(parent_path, seen + [path.resolve()], digests)
         parent.pop("name", None)

@@ -51,10 +51,20 @@ def dump(obj: Any) -> Any:
 
 
 def defaults(cls: type[T]) -> T:
-    """An instance with every default, unvalidated (to go on after an error has been recorded)."""
-    if dataclasses.is_dataclass(cls):
-        return cls()
-    return cls.model_construct()  # type: ignore[attr-defined,no-any-return]
+    """An instance with every default (None where a field has none), unvalidated: to go on planning
+    after an error has been recorded, so that every problem is reported at once."""
+    if not dataclasses.is_dataclass(cls):
+        return cls.model_construct()  # type: ignore[attr-defined,no-any-return]
+    obj = object.__new__(cls)
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            value = None
+        object.__setattr__(obj, f.name, value)  # frozen dataclasses too
+    return obj  # type: ignore[return-value]
 
 
 @functools.cache

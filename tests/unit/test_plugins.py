@@ -273,6 +273,17 @@ def test_a_user_file_does_not_hide_the_broken_plugin_behind_its_site(fake_distri
         resolve_site("acme", get_plugin_manager())
 
 
+def test_a_user_site_extending_a_broken_plugins_site_names_the_plugin(fake_distribution, site_dir):
+    write(site_dir / "mine.yaml", "description: my tweaks\nextends: acme\n")
+    fake_distribution("acme-hpc", {"acme": "acme_hpc.plugin"}, {"acme_hpc.__init__": "", "acme_hpc.plugin": BROKEN},
+                      files={"acme_hpc/sites/acme.yaml": "extends: generic-slurm\n"})
+    with pytest.raises(ConfigError) as info:
+        resolve_site("mine", get_plugin_manager())
+    message = str(info.value)
+    assert "mine.yaml:2: extends: site 'acme' comes from plugin 'acme' (distribution acme-hpc 1.2.3)" in message
+    assert "No module named 'acme_fabric_bindings'" in message
+
+
 def test_unknown_site_with_a_broken_plugin_of_unknown_sites_names_the_plugin(fake_distribution):
     fake_distribution("mystery", {"mystery": "mystery_mod"}, {"mystery_mod": "raise RuntimeError('bad licence file')\n"})
     with pytest.raises(PluginError) as info:

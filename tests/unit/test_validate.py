@@ -104,3 +104,18 @@ def test_unknown_job_option_suggests_the_field():
         validate(JobSpec, {"procs_per_nod": 2})
     [problem] = problems_from_validation(caught.value, JobSpec, "job options")
     assert problem.message == "unknown key" and "procs_per_node" in (problem.hint or "")
+
+
+def test_defaults_stand_in_even_for_required_fields():
+    from dataclasses import dataclass
+
+    from hpc_train.config.fields import Model
+    from hpc_train.config.validate import defaults
+
+    @dataclass(frozen=True, kw_only=True)
+    class Needs(Model):
+        name: str
+        depth: int = 2
+
+    stand_in = defaults(Needs)
+    assert (stand_in.name, stand_in.depth) == (None, 2)
