@@ -96,19 +96,19 @@ class After:
         return core_schema.no_info_after_validator_function(self.fn, handler(source))
 
 
+def default_of(f: dataclasses.Field[Any]) -> Any:
+    """A dataclass field's default (a fresh one from its factory); None when it has none."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
 def descriptions(cls: type) -> dict[str, tuple[Any, str]]:
     """``{field: (default, description)}`` of a config model (a dataclass, or a pydantic model from a plugin)."""
     if dataclasses.is_dataclass(cls):
-        out = {}
-        for f in dataclasses.fields(cls):
-            if f.default is not dataclasses.MISSING:
-                default = f.default
-            elif f.default_factory is not dataclasses.MISSING:
-                default = f.default_factory()
-            else:
-                default = None
-            out[f.name] = (default, f.metadata.get("description", ""))
-        return out
+        return {f.name: (default_of(f), f.metadata.get("description", "")) for f in dataclasses.fields(cls)}
     fields = getattr(cls, "model_fields", {})
     return {name: (f.get_default(call_default_factory=True), f.description or "") for name, f in fields.items()}
 

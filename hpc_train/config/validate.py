@@ -26,6 +26,7 @@ from pydantic_core import SchemaValidator, ValidationError
 from pydantic_core import __version__ as CORE_VERSION
 
 from hpc_train._resources import cache_dir, file_stamp, write_atomic
+from hpc_train.config.fields import default_of
 
 __all__ = ["ValidationError", "dump", "validate", "validator"]
 
@@ -57,13 +58,7 @@ def defaults(cls: type[T]) -> T:
         return cls.model_construct()  # type: ignore[attr-defined,no-any-return]
     obj = object.__new__(cls)
     for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
-            value = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            value = f.default_factory()
-        else:
-            value = None
-        object.__setattr__(obj, f.name, value)  # frozen dataclasses too
+        object.__setattr__(obj, f.name, default_of(f))  # frozen dataclasses too
     return obj  # type: ignore[return-value]
 
 
