@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from hpc_train.handle import ACTIVE_STATES, JobHandle
+from hpc_train.handle import JobHandle
+from hpc_train.poll import JobPoller
 
 
 def task_ranks(handle: JobHandle, task: int) -> str:
@@ -89,7 +90,8 @@ def follow(handle: JobHandle, rank: int = 0, stream: str = "stdout", out: TextIO
     """Print the log(s) as they grow until the job ends; return the final state."""
     out = out or sys.stdout
     files = sources(handle, rank, stream, all_ranks)
-    last_state_check = 0.0
+    poller = JobPoller(handle, state_every_s, max_poll_s=state_every_s)
+    next_look = 0.0
 
     def pump(final: bool = False) -> None:
         text = "".join(s.rest() if final else s.read() for s in files)
@@ -99,17 +101,12 @@ def follow(handle: JobHandle, rank: int = 0, stream: str = "stdout", out: TextIO
 
     while True:
         pump()
-        now = time.monotonic()
-        if now - last_state_check >= state_every_s:
-            last_state_check = now
-            state = handle.state
-            if state == "PENDING":
-                handle.release_if_held()
-            if state not in ACTIVE_STATES and handle.record.requeue:
-                time.sleep(2.0)  # a job requeueing itself passes through an ended-looking state
-                state = handle.state
-            if state not in ACTIVE_STATES:
+        if time.monotonic() >= next_look:
+            look = poller.look()
+            if look.final:
                 time.sleep(poll_s)  # the last lines can land after the state changes
                 pump(final=True)
-                return state
+                return look.state
+            confirm = poller.rule.confirm_in()
+            next_look = time.monotonic() + (state_every_s if confirm is None else min(confirm, state_every_s))
         time.sleep(poll_s)

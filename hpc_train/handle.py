@@ -16,18 +16,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from hpc_train import slurm_cmd
 from hpc_train.errors import SchedulerError, UsageError
+from hpc_train.poll import JobPoller, runs_started
+from hpc_train.states import ACTIVE_STATES, FINAL_OK, PENDING_STATES, RELEASE_MARGIN_S, held_after_requeue
 
-FINAL_OK = {"COMPLETED"}
-PENDING_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED"}
-RELEASE_MARGIN_S = 3
-ACTIVE_STATES = PENDING_STATES | {"RUNNING", "COMPLETING", "STAGE_OUT", "UNKNOWN", "PREEMPTED", "READY", "SIGNALING"}
-
-
-def held_after_requeue(info: dict[str, str]) -> bool:
-    """Whether ``scontrol show job`` fields show a requeued job on Slurm's hold (PENDING, BeginTime)."""
-    return info.get("JobState") == "PENDING" and info.get("Reason") == "BeginTime"
-
+__all__ = ["ACTIVE_STATES", "FINAL_OK", "PENDING_STATES", "RELEASE_MARGIN_S", "JobHandle", "JobRecord", "held_after_requeue"]
 
 def state_dir() -> Path:
     base = os.environ.get("HPC_TRAIN_STATE_DIR")
@@ -127,8 +121,13 @@ class JobHandle:
         return self._job
 
     def _ensure_scheduler_env(self) -> None:
+        # only for submitit's own calls (results of function jobs): it reads the process environment
+        # and takes no env of its own; our commands pass SLURM_CONF per call (hpc_train.slurm_cmd)
         if self.record.slurm_conf:
             os.environ["SLURM_CONF"] = self.record.slurm_conf
+
+    def _slurm(self, *cmd: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        return slurm_cmd.run(list(cmd), self.record.slurm_conf, timeout=timeout)
 
     # -- state -------------------------------------------------------------------------
     @property
@@ -140,8 +139,10 @@ class JobHandle:
         # seconds, and is the only source once the controller has forgotten a finished job.
         state = self._controller_info().get("JobState")
         if state is None:
-            state = self.submitit_job.watcher.get_state(self.job_id, mode="force")
-            state = state.split()[0] if state else "UNKNOWN"  # "CANCELLED by 0" -> "CANCELLED"
+            try:
+                state = self.accounting().get("State") or "UNKNOWN"
+            except SchedulerError:
+                state = "UNKNOWN"
         return state
 
     def scheduler_info(self) -> dict[str, str]:
@@ -150,11 +151,7 @@ class JobHandle:
 
     def _controller_info(self) -> dict[str, str]:
         """``scontrol show job``'s fields, or {} once the controller no longer knows the job."""
-        self._ensure_scheduler_env()
-        try:
-            out = subprocess.run(["scontrol", "show", "job", "-o", self.job_id], capture_output=True, text=True, timeout=20)
-        except (OSError, subprocess.TimeoutExpired):
-            return {}
+        out = self._slurm("scontrol", "show", "job", "-o", self.job_id, timeout=20)
         if out.returncode != 0:
             return {}
         first = out.stdout.splitlines()[0] if out.stdout else ""
@@ -187,25 +184,23 @@ class JobHandle:
     @property
     def runs(self) -> int:
         """How many times the job has started (1 + its requeues), counted by the job itself."""
-        try:
-            return int((Path(self.record.folder) / "runs").read_text().strip() or 0)
-        except (OSError, ValueError):
-            return 0
+        return runs_started(self.folder)
 
     @property
     def checkpoint_dir(self) -> Path:
         return Path(self.record.folder) / "checkpoints"
 
-    def release_if_held(self) -> bool:
+    def release_if_held(self, info: dict[str, str] | None = None) -> bool:
         """A requeued job waits ~2 minutes (BeginTime); start it sooner where the site allows it.
 
         Not at once: Slurm holds requeued jobs because each node revokes the old run's credential, and a
         credential issued in the same second is refused ("Job credential revoked") and the job FAILS.
-        Releasing once the hold has lasted a few seconds avoids that; call this from a polling loop.
+        Releasing once the hold has lasted a few seconds avoids that; call this from a polling loop
+        (``info``: the controller's fields the caller just read, to spare a second query).
         """
         if not self.record.release_held or self.record.scheduler != "slurm":
             return False
-        if not held_after_requeue(self._controller_info()):
+        if not held_after_requeue(self._controller_info() if info is None else info):
             self._held_since = None
             return False
         now = time.monotonic()
@@ -214,52 +209,35 @@ class JobHandle:
         if now - self._held_since < RELEASE_MARGIN_S:
             return False
         self._held_since = None
-        out = subprocess.run(["scontrol", "update", f"JobId={self.job_id}", "StartTime=now"],
-                             capture_output=True, text=True, timeout=30)
+        out = self._slurm("scontrol", "update", f"JobId={self.job_id}", "StartTime=now")
         return out.returncode == 0
 
     def wait(self, poll_s: float = 1.0, timeout_s: float | None = None) -> str:
         """Block until the job ends (through its requeues); return its final state."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        delay, last = poll_s, None
+        poller = JobPoller(self, poll_s)
         while True:
-            state = self.state
-            # back off while nothing changes: a long job must not query the controller every second
-            delay = poll_s if state != last else min(delay * 1.5, max(poll_s, 10.0))
-            last = state
-            if state not in ACTIVE_STATES:
-                if not self.record.requeue:
-                    return state
-                # a job requeueing itself passes through an ended-looking state; look again
-                time.sleep(max(2.0, poll_s))
-                state = self.state
-                if state not in ACTIVE_STATES:
-                    return state
-            if state == "PENDING":
-                self.release_if_held()
+            look = poller.look()
+            if look.final:
+                return look.state
             if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"job {self.job_id} still {state} after {timeout_s} s")
-            time.sleep(delay)
+                raise TimeoutError(f"job {self.job_id} still {look.state} after {timeout_s} s")
+            poller.pause()
 
     def accounting(self) -> dict[str, str]:
         """sacct's view of the job allocation (State, ExitCode, Elapsed, NodeList, Start, End)."""
         if self.record.scheduler == "local":
             return {"State": self.state}
-        self._ensure_scheduler_env()
         cmd = ["sacct", "-j", self.job_id, "-X", "-n", "-P", "-o", "JobID,State,ExitCode,Elapsed,NodeList,Start,End"]
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-        except FileNotFoundError:
-            raise SchedulerError(cmd, "sacct not found on PATH", "install the Slurm client tools") from None
-        except subprocess.TimeoutExpired:
-            raise SchedulerError(cmd, "timed out after 30 s", "is slurmdbd reachable?") from None
+        out = self._slurm(*cmd)
         if out.returncode != 0:
-            raise SchedulerError(cmd, out.stderr)
+            hint = {127: "install the Slurm client tools", 124: "is slurmdbd reachable?"}.get(out.returncode)
+            raise SchedulerError(cmd, out.stderr, hint)
         names = ["JobID", "State", "ExitCode", "Elapsed", "NodeList", "Start", "End"]
         for line in out.stdout.splitlines():
             fields = dict(zip(names, line.split("|")))
             if fields.get("JobID") == self.job_id:
-                fields["State"] = fields.get("State", "").split()[0]
+                fields["State"] = (fields.get("State") or "UNKNOWN").split()[0]  # "CANCELLED by 0"
                 return fields
         return {}
 
@@ -306,12 +284,8 @@ class JobHandle:
             elif _pid_alive(int(self.job_id)):
                 os.kill(int(self.job_id), signal.SIGINT)
             return
-        self._ensure_scheduler_env()
         cmd = ["scancel", self.job_id]
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-        except FileNotFoundError:
-            raise SchedulerError(cmd, "scancel not found on PATH") from None
+        out = self._slurm(*cmd)
         if out.returncode != 0:
             raise SchedulerError(cmd, out.stderr)
 

@@ -14,11 +14,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from hpc_train.handle import ACTIVE_STATES, PENDING_STATES, JobHandle
+from hpc_train.handle import JobHandle
+from hpc_train.poll import MAX_POLL_S, JobPoller, Look
+from hpc_train.states import ACTIVE_STATES, PENDING_STATES
 
 PLAIN_PROGRESS_EVERY_S = 30.0
-REQUEUE_RECHECK_S = 2.0
-MAX_POLL_S = 10.0  # the slowest poll while nothing changes
 
 
 @dataclass
@@ -52,11 +52,10 @@ def last_metrics(handle: JobHandle, tail_bytes: int = 8192) -> dict[str, Any]:
     return {}
 
 
-def snapshot(handle: JobHandle) -> Snapshot:
-    info = handle.scheduler_info()
-    state = info.get("JobState") or handle.state
+def snapshot(handle: JobHandle, look: Look) -> Snapshot:
+    info = look.info
     reason = info.get("Reason", "")
-    return Snapshot(state=state, reason="" if reason in ("None", "(null)") else reason,
+    return Snapshot(state=look.state, reason="" if reason in ("None", "(null)") else reason,
                     nodes=info.get("NodeList", "") if info.get("NodeList") not in (None, "(null)") else "",
                     elapsed=info.get("RunTime", ""), runs=handle.runs, metrics=last_metrics(handle))
 
@@ -163,27 +162,23 @@ def watch(handle: JobHandle, out: TextIO | None = None, *, tty: bool | None = No
         tty = bool(getattr(out, "isatty", lambda: False)())
     display: _Plain | _Live = _Live(out) if tty else _Plain(out)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    poller = JobPoller(handle, poll_s, MAX_POLL_S)
     before: Snapshot | None = None
-    delay = poll_s
     try:
         while True:
-            snap = snapshot(handle)
-            if snap.state not in ACTIVE_STATES and handle.record.requeue:
-                time.sleep(REQUEUE_RECHECK_S)  # a job requeueing itself passes through an ended-looking state
-                snap = snapshot(handle)
-            lines = events(handle.job_id, before, snap)
-            for line in lines:
-                display.event(line)
-            # a long job must not query the controller every second for hours: back off while nothing happens
-            delay = poll_s if lines else min(delay * 1.5, max(poll_s, MAX_POLL_S))
-            display.update(handle.job_id, snap)
-            if snap.state not in ACTIVE_STATES:
+            look = poller.look()
+            snap = snapshot(handle, look)
+            lines: list[str] = []
+            if look.final or snap.state in ACTIVE_STATES:  # an end not yet believed is not told
+                lines = events(handle.job_id, before, snap)
+                for line in lines:
+                    display.event(line)
+                display.update(handle.job_id, snap)
+                before = snap
+            if look.final:
                 return snap.state
-            if snap.state == "PENDING":
-                handle.release_if_held()
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"job {handle.job_id} still {snap.state} after {timeout_s} s")
-            before = snap
-            time.sleep(delay)
+            poller.pause(changed=bool(lines))
     finally:
         display.close()

@@ -24,15 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from hpc_train.errors import UsageError
-from hpc_train.handle import (
-    ACTIVE_STATES,
-    FINAL_OK,
-    RELEASE_MARGIN_S,
-    save_record,
-    state_dir,
-)
-
-CONFIRM_S = 2.0  # a self-requeueing task looks ended for a moment; believe an end seen this long
+from hpc_train.handle import save_record, state_dir
+from hpc_train.poll import EndRule
+from hpc_train.states import ACTIVE_STATES, FINAL_OK, RELEASE_MARGIN_S
 TASK_ID = re.compile(r"^(?P<array>\d+)_(?:(?P<index>\d+)|\[(?P<ranges>[^\]]*)\])$")
 
 
@@ -165,7 +159,7 @@ class SweepHandle:
         self._run = runner or _run
         self._seen: dict[int, tuple[str, str]] = {}  # task -> (state, reason) from the last cycle
         self._final: dict[int, str] = {}  # tasks that have ended for good
-        self._ended_at: dict[int, float] = {}  # when a task was first seen ended (requeue confirmation)
+        self._end_rules: dict[int, EndRule] = {}  # per task: is an ended-looking state final (hpc_train.poll)
         self._held_since: dict[int, float] = {}
         self.calls = 0  # squeue/sacct calls made by this handle
         self.cycles = 0
@@ -240,16 +234,16 @@ class SweepHandle:
         return self._run(cmd)
 
     def _settle(self, task: int, state: str, now: float) -> None:
-        if state in ACTIVE_STATES or state == "UNKNOWN":
-            self._ended_at.pop(task, None)
-            return
-        if not self.record.requeue:
+        rule = self._end_rules.setdefault(task, EndRule(self.record.requeue))
+        if rule.final(state, self.task_folder(task), now):
             self._final[task] = state
-            return
-        # a task requeueing itself passes through an ended-looking state; believe it on a later look
-        first = self._ended_at.setdefault(task, now)
-        if now - first >= CONFIRM_S:
-            self._final[task] = state
+
+    def _confirm_in(self) -> float | None:
+        """Seconds until the soonest ended-looking task could be believed; None when none waits."""
+        now = time.monotonic()
+        waits = [w for t, rule in self._end_rules.items() if t not in self._final
+                 for w in (rule.confirm_in(now),) if w is not None]
+        return min(waits) if waits else None
 
     def _release_held(self, now: float) -> None:
         """Requeued tasks wait ~2 minutes (BeginTime); start them sooner where the site allows it,
@@ -286,8 +280,9 @@ class SweepHandle:
         may cost one more poll a couple of seconds later; without it, what the last poll saw."""
         if poll:
             self.poll()
-            if confirm and any(t not in self._final for t in self._ended_at):
-                time.sleep(CONFIRM_S)
+            wait = self._confirm_in() if confirm else None
+            if wait is not None:
+                time.sleep(wait)
                 self.poll()
         if confirm:
             return sorted(t for t, state in self._final.items() if state not in FINAL_OK)
@@ -309,8 +304,8 @@ class SweepHandle:
             delay = poll_s if states != before else min(max_poll_s, delay * 1.5)
             before = states
             # a task that looked ended is confirmed soon; don't back off past that
-            pending_confirm = any(t not in self._final for t in self._ended_at)
-            time.sleep(min(delay, CONFIRM_S) if pending_confirm else delay)
+            confirm = self._confirm_in()
+            time.sleep(delay if confirm is None else max(min(delay, confirm), 0.5))
 
     # -- control -----------------------------------------------------------------------------
     def cancel(self) -> None:

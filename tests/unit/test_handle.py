@@ -5,6 +5,7 @@ import subprocess
 import pytest
 
 from hpc_train import handle as handle_module
+from hpc_train import slurm_cmd
 from hpc_train.handle import JobHandle, JobRecord, held_after_requeue
 
 
@@ -20,7 +21,7 @@ def test_a_requeue_hold_is_released_only_after_the_credential_margin(monkeypatch
     clock = [100.0]
     calls: list[list[str]] = []
     monkeypatch.setattr(handle_module.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(handle_module.subprocess, "run",
+    monkeypatch.setattr(slurm_cmd.subprocess, "run",
                         lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0, "", ""))
     handle = JobHandle(JobRecord(job_id="7", folder=str(tmp_path), scheduler="slurm", kind="script", site="sandbox",
                                  backend="torchrun", nodes=1, procs_per_node=1, tasks_per_node=1, job_name="t",
@@ -39,6 +40,7 @@ def test_wait_backs_off_while_nothing_changes_and_polls_fast_again_on_a_change(m
     sleeps: list[float] = []
     monkeypatch.setattr(handle_module.time, "sleep", sleeps.append)
     monkeypatch.setattr(JobHandle, "state", property(lambda self: next(states)))
+    monkeypatch.setattr(JobHandle, "scheduler_info", lambda self: {})  # the controller has nothing to say
     handle = JobHandle(JobRecord(job_id="7", folder=str(tmp_path), scheduler="slurm", kind="script", site="sandbox",
                                  backend="torchrun", nodes=1, procs_per_node=1, tasks_per_node=1, job_name="t"))
     assert handle.wait(poll_s=1.0) == "COMPLETED"

@@ -68,7 +68,7 @@ class FakeHandle:
     def state(self) -> str:
         return self.infos[0]["JobState"]
 
-    def release_if_held(self) -> bool:
+    def release_if_held(self, info: dict[str, str] | None = None) -> bool:
         self.released += 1
         return False
 

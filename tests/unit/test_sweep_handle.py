@@ -7,6 +7,7 @@ import subprocess
 import pytest
 
 from hpc_train.errors import UsageError
+from hpc_train.poll import CONFIRM_S
 from hpc_train.sweep_handle import SweepHandle, SweepRecord, expand_after, parse_states
 
 # recorded from the sandbox (Slurm 22.05): squeue -h -r --states=all -j 214 -o '%i|%T|%r', sacct -X -n -P
@@ -83,11 +84,14 @@ def test_with_requeue_an_end_counts_only_when_seen_again_later(monkeypatch):
     handle.poll()
     assert handle.failed(poll=False) == [] and handle.failed(poll=False, confirm=False) == [0]
     scheduler.states[("9", 0)] = "PENDING"  # it was requeueing itself
-    clock[0] += 3
+    clock[0] += CONFIRM_S - 1
     handle.poll()
     scheduler.states[("9", 0)] = "COMPLETED"
     handle.poll()
-    clock[0] += 3
+    clock[0] += CONFIRM_S - 1
+    handle.poll()
+    assert handle.states() == {0: "COMPLETED"} and handle.failed(poll=False) == []  # not yet believed
+    clock[0] += 1
     handle.poll()
     assert handle.states() == {0: "COMPLETED"} and handle.failed(poll=False) == []
 
