@@ -25,7 +25,7 @@ from typing import Any
 
 from hpc_train.errors import UsageError
 from hpc_train.handle import save_record, state_dir
-from hpc_train.poll import EndRule
+from hpc_train.poll import LAST_RUN_FILE, RUNS_FILE, EndRule
 from hpc_train.states import ACTIVE_STATES, FINAL_OK, RELEASE_MARGIN_S
 TASK_ID = re.compile(r"^(?P<array>\d+)_(?:(?P<index>\d+)|\[(?P<ranges>[^\]]*)\])$")
 
@@ -336,14 +336,15 @@ class SweepHandle:
         plugins = plugins or default_plugins()
         job = validate(JobSpec, self.record.job)
         plan = sweep_plan(job, plugins)
-        for task in chosen:  # a new attempt gets a fresh restart budget
-            (self.task_folder(task) / "runs").unlink(missing_ok=True)
+        for task in chosen:  # a new attempt gets a fresh restart budget, and no word from the old one's runs
+            for name in (RUNS_FILE, LAST_RUN_FILE):
+                (self.task_folder(task) / name).unlink(missing_ok=True)
         arrays = submit_arrays(plan, lambda p: render_plan(p, plugins), self.folder, self.record.overrides, chosen,
                                self.record.max_concurrent)
         self.record.arrays += arrays
         self.record.save()
         for task in chosen:
             self._final.pop(task, None)
-            self._ended_at.pop(task, None)
+            self._end_rules.pop(task, None)
             self._seen.pop(task, None)
         return [a["job_id"] for a in arrays]
