@@ -250,9 +250,9 @@ def submit_arrays(
     previous: str | None = None
     for chunk in split(list(tasks), max_array_size()):
         part = ArrayPart(str(folder), chunk, overrides)
-        plan.sweep = part
-        plan.directives = array_directives(plan, part, limit, previous if limit else None)
-        text = render(plan)
+        # a copy per array: each array's dependency names only the array before it
+        text = render(dataclasses.replace(plan, sweep=part,
+                                          directives=array_directives(plan, part, limit, previous if limit else None)))
         executor = TemplateSlurmExecutor(str(folder / "slurm"), lambda _command, text=text: text, python=plan.python)
         try:
             job = executor._submit_command("")
@@ -262,7 +262,6 @@ def submit_arrays(
             raise SchedulerError(["sbatch", "<array script>"], str(exc)) from None
         previous = str(job.job_id)
         arrays.append({"job_id": previous, "tasks": chunk})
-    plan.sweep = None
     return arrays
 
 

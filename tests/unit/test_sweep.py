@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from hpc_train.sweep import (
     parse_cli,
     parse_max_array_size,
     split,
+    submit_arrays,
     sweep_plan,
 )
 from tests.conftest import write
@@ -181,3 +184,24 @@ def test_cli_sweep_and_dependency_options_reach_the_job(tmp_path: Path, capsys):
     assert "use --wait" in capsys.readouterr().err
     assert main(["status", "123456789"]) == 2  # neither a job nor a sweep: the job's message
     assert "no job '123456789'" in capsys.readouterr().err
+
+
+def test_each_array_of_a_split_sweep_waits_only_for_the_one_before(tmp_path: Path, plugins, monkeypatch):
+    # a stand-in sbatch: this test is about the scripts submit_arrays writes, not about Slurm
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    write(bin_dir / "sbatch", '#!/bin/bash\nn=$(( $(ls "$SCRIPTS" | wc -l) + 101 ))\n'
+                              'cp "${@: -1}" "$SCRIPTS/$n.sh"\necho "Submitted batch job $n"\n').chmod(0o755)
+    (tmp_path / "scripts").mkdir()
+    monkeypatch.setenv("SCRIPTS", str(tmp_path / "scripts"))
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setattr("hpc_train.sweep.max_array_size", lambda: 2)
+    from hpc_train.api import render_plan
+
+    plan = _sandbox_plan(tmp_path, plugins)
+    before = list(plan.directives)
+    arrays = submit_arrays(plan, lambda p: render_plan(p, plugins), tmp_path / "sw", [{}] * 8, range(8), limit=1)
+    assert [a["job_id"] for a in arrays] == ["101", "102", "103", "104"]
+    deps = [re.findall(r"#SBATCH --dependency=(\S+)", (tmp_path / "scripts" / f"{n}.sh").read_text()) for n in range(101, 105)]
+    assert deps == [[], ["afterany:101"], ["afterany:102"], ["afterany:103"]]  # not the 1st, 2nd and 3rd
+    assert plan.directives == before and plan.sweep is None  # the plan itself is left as it was
