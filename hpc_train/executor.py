@@ -82,10 +82,33 @@ class FunctionTask:
         return self.fn(*args, **kwargs)
 
 
-def _login_env(plan: JobPlan) -> None:
-    # submitit calls sbatch/sacct/scancel with this process's environment
-    if plan.site.slurm_conf:
-        os.environ["SLURM_CONF"] = os.path.expanduser(plan.site.slurm_conf)
+def login_slurm_conf(plan: JobPlan) -> str | None:
+    """The SLURM_CONF the login side talks to for this plan: the site's, else this process's."""
+    return os.path.expanduser(plan.site.slurm_conf) if plan.site.slurm_conf else os.environ.get("SLURM_CONF")
+
+
+@contextlib.contextmanager
+def _slurm_conf_for_submitit(slurm_conf: str | None) -> Iterator[None]:
+    """submitit runs sbatch with this process's environment and takes no env of its own: the site's
+    SLURM_CONF is set for the call only, then put back (two sites in one process must not mix)."""
+    saved = os.environ.get("SLURM_CONF")
+    if slurm_conf:
+        os.environ["SLURM_CONF"] = slurm_conf
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = saved
+
+
+def submit_script(executor: Any, slurm_conf: str | None) -> Any:
+    """Submit the executor's rendered script as it is. submitit has no public call for a job whose
+    command is already in its script (ours: the backend's launch line in the template), so this is
+    the one place its private ``_submit_command`` is used."""
+    with _slurm_conf_for_submitit(slurm_conf):
+        return executor._submit_command("")
 
 
 def submit_plan(
@@ -111,7 +134,7 @@ def submit_plan(
         procs_per_node=plan.procs_per_node,
         tasks_per_node=plan.tasks_per_node,
         job_name=plan.job_name,
-        slurm_conf=os.environ.get("SLURM_CONF") if plan.scheduler == "slurm" else None,
+        slurm_conf=login_slurm_conf(plan) if plan.scheduler == "slurm" else None,
         submitted_at=time.time(),
         release_held=plan.release_held and plan.requeue,
         requeue=plan.requeue,
@@ -129,7 +152,6 @@ def _make_job_root(plan: JobPlan) -> None:
 
 
 def _submit_slurm(plan: JobPlan, render: Callable[[JobPlan], str], fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    _login_env(plan)
     for tool in ("sbatch", "srun", "sacct"):
         if shutil.which(tool) is None:
             raise SchedulerError(tool, f"{tool} not found on PATH", "run this on a login node of the cluster, or load its Slurm module")
@@ -146,8 +168,9 @@ def _submit_slurm(plan: JobPlan, render: Callable[[JobPlan], str], fn: Any, args
     executor.update_parameters(**params)
     try:
         if plan.kind == "function":
-            return executor.submit(fn, *args, **kwargs)
-        return executor._submit_command("")  # the command is the backend's launch line, in the template
+            with _slurm_conf_for_submitit(login_slurm_conf(plan)):
+                return executor.submit(fn, *args, **kwargs)
+        return submit_script(executor, login_slurm_conf(plan))
     except FailedJobError as exc:
         raise SchedulerError(["sbatch", "<script>"], str(exc), "is slurmctld up? `scontrol ping` tells") from None
     except FailedSubmissionError as exc:

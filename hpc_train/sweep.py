@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpc_train.backend import Raw
+from hpc_train import slurm_cmd
 from hpc_train.errors import SchedulerError, UsageError
 from hpc_train.shell import join, quote
 
@@ -119,14 +120,11 @@ def parse_cli(items: Sequence[str]) -> dict[str, list[str]]:
 # -- the cluster's limit ---------------------------------------------------------------------
 @functools.cache
 def _max_array_size(slurm_conf: str | None) -> int:
-    try:
-        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30, check=False)
-    except FileNotFoundError:
-        raise SchedulerError("scontrol", "scontrol not found on PATH", "run this on a login node of the cluster") from None
-    except subprocess.TimeoutExpired:
-        raise SchedulerError(["scontrol", "show", "config"], "timed out after 30 s", "is slurmctld up? `scontrol ping` tells") from None
+    cmd = ["scontrol", "show", "config"]
+    out = slurm_cmd.run(cmd, slurm_conf, timeout=30)
     if out.returncode != 0:
-        raise SchedulerError(["scontrol", "show", "config"], out.stderr)
+        hint = {127: "run this on a login node of the cluster", 124: "is slurmctld up? `scontrol ping` tells"}.get(out.returncode)
+        raise SchedulerError(cmd, out.stderr, hint)
     return parse_max_array_size(out.stdout)
 
 
@@ -136,10 +134,10 @@ def parse_max_array_size(config: str) -> int:
     return int(match.group(1)) if match else DEFAULT_MAX_ARRAY_SIZE
 
 
-def max_array_size() -> int:
+def max_array_size(slurm_conf: str | None = None) -> int:
     """The cluster's MaxArraySize: an array holds at most this many tasks (indices 0..N-1).
     Asked once per process and SLURM_CONF: sweeps must not cost the controller a call each."""
-    size = _max_array_size(os.environ.get("SLURM_CONF"))
+    size = _max_array_size(slurm_conf)
     if size < 1:
         raise UsageError("this cluster has job arrays switched off (MaxArraySize = 0); sweeps need them")
     return size
@@ -241,21 +239,21 @@ def submit_arrays(
     ``[{"job_id": ..., "tasks": [...]}, ...]`` in submission order."""
     from submitit.core.utils import FailedJobError, FailedSubmissionError
 
-    from hpc_train.executor import TemplateSlurmExecutor, _login_env
+    from hpc_train.executor import TemplateSlurmExecutor, login_slurm_conf, submit_script
 
-    _login_env(plan)
     # Slurm makes no folders: #SBATCH --output needs this one; each task makes its own (ArrayPart.lines)
     (folder / "slurm").mkdir(parents=True, exist_ok=True)
     arrays: list[dict[str, Any]] = []
     previous: str | None = None
-    for chunk in split(list(tasks), max_array_size()):
+    slurm_conf = login_slurm_conf(plan)
+    for chunk in split(list(tasks), max_array_size(slurm_conf)):
         part = ArrayPart(str(folder), chunk, overrides)
         # a copy per array: each array's dependency names only the array before it
         text = render(dataclasses.replace(plan, sweep=part,
                                           directives=array_directives(plan, part, limit, previous if limit else None)))
         executor = TemplateSlurmExecutor(str(folder / "slurm"), lambda _command, text=text: text, python=plan.python)
         try:
-            job = executor._submit_command("")
+            job = submit_script(executor, slurm_conf)
         except FailedJobError as exc:
             raise SchedulerError(["sbatch", "<array script>"], str(exc), "is slurmctld up? `scontrol ping` tells") from None
         except (FailedSubmissionError, FileNotFoundError) as exc:
@@ -308,7 +306,7 @@ def sweep(
         nodes=plan.nodes,
         procs_per_node=plan.procs_per_node,
         tasks_per_node=plan.tasks_per_node,
-        slurm_conf=os.environ.get("SLURM_CONF"),
+        slurm_conf=login_slurm_conf(plan),
         submitted_at=time.time(),
         requeue=plan.requeue,
         release_held=plan.release_held and plan.requeue,

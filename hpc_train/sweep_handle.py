@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpc_train import slurm_cmd
 from hpc_train.errors import UsageError
 from hpc_train.handle import save_record, state_dir
 from hpc_train.poll import LAST_RUN_FILE, RUNS_FILE, EndRule
@@ -144,19 +145,12 @@ def parse_states(text: str) -> dict[tuple[str, int], tuple[str, str]]:
 Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
 
 
-def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return subprocess.CompletedProcess(cmd, 1, "", str(exc))
-
-
 class SweepHandle:
     """States, counts, failed tasks, waiting and resubmission for a whole sweep."""
 
     def __init__(self, record: SweepRecord, runner: Runner | None = None) -> None:
         self.record = record
-        self._run = runner or _run
+        self._run: Runner = runner or (lambda cmd: slurm_cmd.run(cmd, record.slurm_conf))
         self._seen: dict[int, tuple[str, str]] = {}  # task -> (state, reason) from the last cycle
         self._final: dict[int, str] = {}  # tasks that have ended for good
         self._end_rules: dict[int, EndRule] = {}  # per task: is an ended-looking state final (hpc_train.poll)
@@ -200,14 +194,9 @@ class SweepHandle:
         return dict(self.record.overrides[task])
 
     # -- polling ---------------------------------------------------------------------------
-    def _env(self) -> None:
-        if self.record.slurm_conf:
-            os.environ["SLURM_CONF"] = self.record.slurm_conf
-
     def poll(self) -> dict[int, str]:
         """One cycle: one squeue call for all unfinished tasks (plus one sacct call only for tasks
         the controller no longer knows). Returns every task's state."""
-        self._env()
         latest = self.record.latest()
         open_tasks = {t: where for t, where in latest.items() if t not in self._final}
         if open_tasks:
@@ -309,7 +298,6 @@ class SweepHandle:
 
     # -- control -----------------------------------------------------------------------------
     def cancel(self) -> None:
-        self._env()
         cmd = ["scancel", *self.array_ids]
         out = self._run(cmd)
         if out.returncode != 0:

@@ -195,7 +195,7 @@ def test_each_array_of_a_split_sweep_waits_only_for_the_one_before(tmp_path: Pat
     (tmp_path / "scripts").mkdir()
     monkeypatch.setenv("SCRIPTS", str(tmp_path / "scripts"))
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setattr("hpc_train.sweep.max_array_size", lambda: 2)
+    monkeypatch.setattr("hpc_train.sweep.max_array_size", lambda slurm_conf=None: 2)
     from hpc_train.api import render_plan
 
     plan = _sandbox_plan(tmp_path, plugins)
