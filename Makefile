@@ -8,10 +8,11 @@ PIP := $(PY) -m pip
 TORCH := torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: help venv install backends horovod system-deps demo test test-unit test-e2e cluster-up cluster-down cluster-status bench bench-cluster clean
+.PHONY: help venv install backends horovod system-deps demo lint test test-unit test-e2e cluster-up cluster-down cluster-status bench bench-cluster clean
 
 help:
 	@echo "make demo          set up .venv, install, run a 2-process DDP job on the local site"
+	@echo "make lint          ruff and mypy (make test runs them first)"
 	@echo "make test          install everything (Slurm, MPI, torch, ...), start the sandbox cluster, run all tests"
 	@echo "make cluster-up    start the multi-node Slurm sandbox (prints SLURM_CONF=...)"
 	@echo "make cluster-down  stop it"
@@ -44,10 +45,16 @@ demo: install
 	@echo "== a 2-process DDP job on the local site (no cluster needed) =="
 	cd examples && ../$(PY) -m hpc_train submit --site local --procs-per-node 2 --follow train_ddp.py -- --steps 60
 
-test: system-deps install backends
+# fast, first: lint and types (configured in pyproject.toml)
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: install lint system-deps backends
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
-test-unit: install
+# no cluster, no backend frameworks: what needs those lives in tests/backends, tests/e2e and tests/cluster
+test-unit: install lint
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 test-e2e: system-deps install backends

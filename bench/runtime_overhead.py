@@ -52,7 +52,7 @@ def worker(args: argparse.Namespace) -> None:
 
     def ours_block() -> list[float]:
         model = make_model(args.hidden)
-        model, opt = ctx.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01))
+        model, _opt = ctx.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01))
         times = []
         for xb, yb in batches:
             start = time.perf_counter()

@@ -109,8 +109,8 @@ def main() -> int:
     script = work / "task.py"
     script.write_text("pass\n")
 
-    from hpc_train.plugins import default_plugins
-    from hpc_train.sweep import max_array_size
+    from hpc_train.plugin.manager import default_plugins
+    from hpc_train.sweeps.arrays import max_array_size
 
     size = max_array_size()
     n = args.tasks
@@ -126,7 +126,7 @@ def main() -> int:
               "wait until finished jobs age out (MinJobAge) or use --tasks/--repeats", file=sys.stderr)
         return 2
     import hpc_train.api
-    import hpc_train.executor  # noqa: F401  (a warm process: imports are not what is measured)
+    import hpc_train.submission.executor  # noqa: F401  (a warm process: imports are not what is measured)
 
     default_plugins()  # plugin discovery once, as in any process that submits more than one thing
     print(f"sweep of {n} trivial tasks; MaxArraySize {size}: {math.ceil(n / size)} array(s) each way; "
@@ -181,7 +181,7 @@ def main() -> int:
             small = handle
     t_empty, t_full = statistics.median(empty), statistics.median(full)
     one = []
-    for r in range(args.repeats):
+    for _ in range(args.repeats):
         t, ids = raw_sbatch(work, size, size)
         one.append(t)
         scancel(ids)

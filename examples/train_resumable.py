@@ -36,19 +36,20 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     model, optimizer = ctx.prepare(model, optimizer)
     loader = ctx.loader(TensorDataset(x, y), batch_size=16)
+    loss_fn = torch.nn.functional.mse_loss
+    total_steps = args.steps
 
+    # the loop of docs/checkpointing.md, plus progress lines and the tests' slow-down
     ckpt = ctx.checkpointer()
     step = ckpt.restore()
-    ctx.print(f"rank 0 on {socket.gethostname()}: starting at step {step} of {args.steps} (backend {ctx.backend})")
-    for xb, yb in ctx.batches(loader, start=step):
-        if step >= args.steps:
-            break
-        loss = torch.nn.functional.mse_loss(model(xb.to(ctx.device)).float(), yb.to(ctx.device))
+    ctx.print(f"rank 0 on {socket.gethostname()}: starting at step {step} of {total_steps} (backend {ctx.backend})")
+    for xb, yb in ctx.batches(loader, start=step, total=total_steps):
+        loss = loss_fn(model(xb.to(ctx.device)).float(), yb.to(ctx.device))
         ctx.backward(loss)
         ctx.step()
         step += 1
         if step % 20 == 0:
-            ctx.print(f"step {step:5d}/{args.steps}  loss {loss.item():.5f}")
+            ctx.print(f"step {step:5d}/{total_steps}  loss {loss.item():.5f}")
         if args.step_seconds:
             time.sleep(args.step_seconds)
         ckpt.step(step)
@@ -56,7 +57,7 @@ def main() -> None:
     if ctx.is_main:
         params = {k: v.detach().cpu() for k, v in ctx.unwrap(model).state_dict().items()}
         torch.save(params, os.path.join(args.out, "final.pt"))
-        print(f"done: {args.steps} steps", flush=True)
+        print(f"done: {total_steps} steps", flush=True)
     ctx.shutdown()
 
 

@@ -9,25 +9,32 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from hpc_train.backend import Backend, LaunchInfo, Raw, Word, launch_shim
 from hpc_train.errors import ConfigError, HpcTrainError, SchedulerError, UsageError
-from hpc_train.hookspecs import hookimpl
+from hpc_train.plugin.backend import (
+    Backend,
+    LaunchInfo,
+    Raw,
+    Word,
+    launch_shim,
+    survive_stop_signal,
+)
+from hpc_train.plugin.hookspecs import hookimpl
 
 if TYPE_CHECKING:
     from hpc_train.api import job, render, submit, sweep
     from hpc_train.config.job import JobSpec
     from hpc_train.config.loader import load_site
-    from hpc_train.handle import JobHandle
+    from hpc_train.jobs.handle import JobHandle
 
 _LAZY = {
     "submit": "hpc_train.api",
     "render": "hpc_train.api",
     "job": "hpc_train.api",
     "sweep": "hpc_train.api",
-    "SweepHandle": "hpc_train.sweep_handle",
+    "SweepHandle": "hpc_train.sweeps.handle",
     "JobSpec": "hpc_train.config.job",
     "load_site": "hpc_train.config.loader",
-    "JobHandle": "hpc_train.handle",
+    "JobHandle": "hpc_train.jobs.handle",
 }
 
 
@@ -41,7 +48,24 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "Backend", "ConfigError", "HpcTrainError", "JobHandle", "JobSpec", "LaunchInfo", "Raw", "SchedulerError",
-    "UsageError", "Word", "__version__", "hookimpl", "job", "launch_shim", "load_site", "render", "submit",
-    "sweep", "SweepHandle",
+    "Backend",
+    "ConfigError",
+    "HpcTrainError",
+    "JobHandle",
+    "JobSpec",
+    "LaunchInfo",
+    "Raw",
+    "SchedulerError",
+    "SweepHandle",
+    "UsageError",
+    "Word",
+    "__version__",
+    "hookimpl",
+    "job",
+    "launch_shim",
+    "load_site",
+    "render",
+    "submit",
+    "survive_stop_signal",
+    "sweep",
 ]

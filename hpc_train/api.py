@@ -11,84 +11,26 @@
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from hpc_train.config.errors import problems_from_validation
 from hpc_train.config.job import JobSpec
-from hpc_train.config.loader import ResolvedSite, SiteRegistry, default_search_dirs
-from hpc_train.config.validate import ValidationError, validate
-from hpc_train.errors import ConfigError, ConfigWarning, Problem
-from hpc_train.plan import JobPlan, build_plan
-from hpc_train.plugins import Plugins, default_plugins
+from hpc_train.plugin.manager import Plugins, default_plugins
+from hpc_train.submission.prepare import (
+    check_script,
+    make_job,
+    plan_job,
+    render_plan,
+    resolve_site,
+    site_registry,
+    warn_about,
+)
+
+__all__ = ["check_script", "job", "make_job", "plan_job", "render", "render_plan", "resolve_site", "site_registry",
+           "submit", "sweep", "warn_about"]
 
 if TYPE_CHECKING:  # submitting and watching jobs: imported when used, `render` needs neither
-    from hpc_train.handle import JobHandle
-
-JOB_SOURCE = "job options"
-
-
-def make_job(**options: Any) -> JobSpec:
-    """Validate job options; errors name the option as the CLI spells it (``--procs-per-node``)."""
-    try:
-        return validate(JobSpec, options)
-    except ValidationError as exc:
-        problems = problems_from_validation(exc, JobSpec, JOB_SOURCE)
-        renamed = [
-            Problem(p.source, "--" + p.key.split(".")[0].replace("_", "-") + (("." + p.key.split(".", 1)[1]) if "." in p.key else ""), p.message, p.line, p.hint)
-            for p in problems
-        ]
-        raise ConfigError(renamed) from None
-
-
-def site_registry(plugins: Plugins) -> SiteRegistry:
-    return SiteRegistry(default_search_dirs(plugins.site_dirs()), check=plugins.check_site)
-
-
-def resolve_site(name: str | None, plugins: Plugins) -> ResolvedSite:
-    if name is None:
-        import socket
-
-        name = plugins.detect_site(hostname=socket.gethostname(), environ=dict(os.environ))
-    return site_registry(plugins).load(name)  # a site from a plugin that failed to load is an error
-
-
-def check_script(job: JobSpec) -> None:
-    """The training script must exist where the job will look for it (before anything is submitted)."""
-    if not job.script:
-        raise ConfigError(Problem(JOB_SOURCE, "script", "no training script given"))
-    script = Path(job.workdir or ".") / os.path.expanduser(job.script)
-    if not script.is_file():
-        raise ConfigError(Problem(JOB_SOURCE, "script", f"training script {job.script!r} not found",
-                                  hint=f"looked in {script.parent.resolve()}"))
-
-
-def warn_about(plan: JobPlan) -> None:
-    """Say the plan's warnings once, where the caller will see them (submit, sweep)."""
-    for problem in plan.warnings:
-        warnings.warn(str(problem), ConfigWarning, stacklevel=3)
-
-
-def plan_job(
-    job: JobSpec,
-    plugins: Plugins | None = None,
-    kind: Literal["script", "function"] = "script",
-    function_name: str | None = None,
-) -> JobPlan:
-    plugins = plugins or default_plugins()
-    resolved = resolve_site(job.site, plugins)
-    if kind == "script":
-        check_script(job)
-    return build_plan(job, resolved, plugins, kind=kind, function_name=function_name)
-
-
-def render_plan(plan: JobPlan, plugins: Plugins | None = None) -> str:
-    from hpc_train.renderer import render as render_template
-
-    plugins = plugins or default_plugins()
-    return render_template(plan, plugins.template_dirs(plan.site))
+    from hpc_train.jobs.handle import JobHandle
 
 
 def render(script: str | os.PathLike[str], *script_args: str, plugins: Plugins | None = None, **options: Any) -> str:
@@ -100,11 +42,11 @@ def render(script: str | os.PathLike[str], *script_args: str, plugins: Plugins |
 
 def submit(target: str | os.PathLike[str] | Callable[..., Any], *args: Any, plugins: Plugins | None = None, **options: Any) -> JobHandle:
     """Submit a training script (``target`` a path; ``args`` its arguments) or a function (``args`` its arguments)."""
-    from hpc_train.executor import submit_plan
+    from hpc_train.submission.executor import submit_plan
 
     plugins = plugins or default_plugins()
     if options.get("after") is not None:  # handles and sweep ids become job ids
-        from hpc_train.sweep_handle import expand_after
+        from hpc_train.sweeps.handle import expand_after
 
         options["after"] = expand_after(options["after"])
     if callable(target):
@@ -122,14 +64,14 @@ def submit(target: str | os.PathLike[str] | Callable[..., Any], *args: Any, plug
 
 def sweep(target: str | os.PathLike[str] | JobSpec, *args: Any, over: Any, **options: Any) -> Any:
     """Submit a script once per task of ``over`` (a grid ``{"lr": [...], "seed": [...]}`` or a list of
-    overrides) as Slurm job arrays; returns a SweepHandle. See hpc_train.sweep and docs/sweeps.md."""
-    from hpc_train.sweep import sweep as submit_sweep
+    overrides) as Slurm job arrays; returns a SweepHandle. See hpc_train.sweeps.submit and docs/sweeps.md."""
+    from hpc_train.sweeps.submit import sweep as submit_sweep
 
     return submit_sweep(target, *args, over=over, **options)
 
 
 def job(job_id: str) -> JobHandle:
     """The handle of a job submitted earlier through hpc_train (from any process on this machine)."""
-    from hpc_train.handle import JobHandle
+    from hpc_train.jobs.handle import JobHandle
 
     return JobHandle.from_id(str(job_id))

@@ -13,7 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-from hpc_train import Backend, LaunchInfo, Raw, Word, hookimpl, launch_shim
+from hpc_train import (
+    Backend,
+    LaunchInfo,
+    Raw,
+    Word,
+    hookimpl,
+    launch_shim,
+    survive_stop_signal,
+)
 from hpc_train.config.fields import Ge, Le, Model, setting
 from hpc_train.errors import ConfigError, Problem
 
@@ -112,6 +120,8 @@ def _config_arg(args: list[str]) -> tuple[int, str] | None:
 
 class DeepSpeed(Backend):
     name = "deepspeed"
+    parallel_axes = ("dp", "pp")  # the runtime builds a device mesh over these (--parallel)
+    requires = ("torch", "deepspeed")
     summary = "DeepSpeed (ZeRO) without ssh: srun one task per process; ds_config from the job"
     Options = DeepSpeedOptions
     runtime = "hpc_train_plugins.deepspeed_runtime:DeepSpeedRuntime"
@@ -160,8 +170,8 @@ class DeepSpeed(Backend):
         shim = launch_shim(info, *flags, args=args)
         if info.scheduler == "local":
             # torchrun spawns the local workers; the shim adds --local_rank as the deepspeed launcher would
-            return [info.python, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-                    f"--nproc-per-node={info.procs_per_node}", *shim[1:]]
+            return survive_stop_signal(info, [info.python, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+                                              f"--nproc-per-node={info.procs_per_node}", *shim[1:]])
         return shim
 
 @hookimpl

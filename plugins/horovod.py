@@ -23,6 +23,7 @@ class HorovodOptions(Model):
 
 class Horovod(MpiLaunched):
     name = "horovod"
+    requires = ("torch", "horovod")
     summary = "Horovod: hvd.DistributedOptimizer over MPI ranks (srun --mpi=pmix, one task per process)"
     Options = HorovodOptions
     runtime = "hpc_train_plugins.horovod_runtime:HorovodRuntime"

@@ -26,6 +26,7 @@ class HorovodRuntime(BackendRuntime):
                            hvd.cross_size(), env.master_addr, env.master_port, env.launcher)
 
     def shutdown(self) -> None:
+        # joins Horovod's background thread (the GIL released: a ctypes call) before the interpreter exits
         self.hvd.shutdown()
 
     def prepare(self, model: Any, optimizer: Any) -> tuple[Any, Any]:

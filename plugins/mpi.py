@@ -39,6 +39,7 @@ class MpiLaunched(Backend):
 
 class Mpi(MpiLaunched):
     name = "mpi"
+    requires = ("torch", "mpi4py")
     summary = "MPI ranks (mpi4py): srun --mpi=pmix, one task per process; gradients averaged with MPI_Allreduce"
     Options = MpiOptions
     runtime = "hpc_train_plugins.mpi_runtime:MpiRuntime"

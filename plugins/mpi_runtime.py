@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from hpc_train.runtime.base import BackendRuntime
@@ -25,7 +26,7 @@ class MpiRuntime(BackendRuntime):
                                env.node_rank, env.num_nodes, env.master_addr, env.master_port, env.launcher)
 
     def shutdown(self) -> None:
-        self.comm.Barrier()
+        """Nothing to stop: the Context's barrier already ran (when orderly), mpi4py finalizes MPI at exit."""
 
     def wrap(self, model: Any) -> Any:
         import torch
@@ -70,10 +71,12 @@ class MpiRuntime(BackendRuntime):
     def barrier(self) -> None:
         self.comm.Barrier()
 
-    def any_rank(self, flag: bool) -> bool:
+    def any_ranks(self, flags: Sequence[bool]) -> tuple[bool, ...]:
         from mpi4py import MPI
 
-        return self.comm.allreduce(int(flag), op=MPI.SUM) > 0
+        # the flags as the bits of one int: one allreduce, no torch tensor to stage
+        bits = self.comm.allreduce(sum(1 << i for i, flag in enumerate(flags) if flag), op=MPI.BOR)
+        return tuple(bool(bits >> i & 1) for i in range(len(flags)))
 
     def gather_object(self, obj: Any) -> list[Any]:
         return self.comm.allgather(obj)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from hpc_train import Backend, LaunchInfo, Raw, Word, hookimpl
+from hpc_train import Backend, LaunchInfo, Raw, Word, hookimpl, survive_stop_signal
 from hpc_train.config.fields import Ge, Model, setting
 
 
@@ -19,6 +19,7 @@ class TorchrunOptions(Model):
 
 class Torchrun(Backend):
     name = "torchrun"
+    parallel_axes = ("dp", "tp", "pp")  # the runtime builds a device mesh over these (--parallel)
     summary = "PyTorch DDP through torchrun: one launcher per node, c10d rendezvous on the first node"
     Options = TorchrunOptions
     options: TorchrunOptions
@@ -46,7 +47,7 @@ class Torchrun(Backend):
             if self.options.rdzv_backend == "static":
                 argv.append(Raw('--node-rank="${SLURM_NODEID}"'))
         argv += [f"--nproc-per-node={info.procs_per_node}", f"--max-restarts={self.options.max_restarts}"]
-        return [*argv, info.script, *info.script_args]
+        return survive_stop_signal(info, [*argv, info.script, *info.script_args])
 
 
 @hookimpl

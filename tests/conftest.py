@@ -28,7 +28,7 @@ def isolated_user(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
 
 @pytest.fixture
 def plugins():
-    from hpc_train.plugins import get_plugin_manager
+    from hpc_train.plugin.manager import get_plugin_manager
 
     return get_plugin_manager()
 

@@ -39,7 +39,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """Our own warnings read like our errors; anyone else's keep Python's format."""
     if issubclass(category, ConfigWarning):
         print(f"warning: {message}", file=sys.stderr)
@@ -54,7 +54,7 @@ def _warn(message: str) -> None:
 def add_plugin_commands(sub: argparse._SubParsersAction) -> None:
     """Subcommands from ``hpc_train_cli_commands``; a broken plugin is a warning, never a broken CLI."""
     try:
-        from hpc_train.plugins import default_plugins
+        from hpc_train.plugin.manager import default_plugins
 
         commands = default_plugins().cli_commands(on_error=_warn)
     except Exception as exc:  # the built-in commands (plugins, sites) must stay usable to diagnose it

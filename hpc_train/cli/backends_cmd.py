@@ -11,7 +11,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from hpc_train.config.fields import descriptions
-    from hpc_train.plugins import default_plugins
+    from hpc_train.plugin.manager import default_plugins
 
     plugins = default_plugins()
     for name, cls in sorted(plugins.backends.items()):

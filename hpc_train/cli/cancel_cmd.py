@@ -12,8 +12,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hpc_train.handle import JobHandle
-    from hpc_train.sweep_handle import SweepHandle, SweepRecord
+    from hpc_train.jobs.handle import JobHandle
+    from hpc_train.sweeps.handle import SweepHandle, SweepRecord
 
     if SweepRecord.exists(args.job_id):
         sweep = SweepHandle.from_id(args.job_id)

@@ -22,13 +22,19 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hpc_train.doctor import FAIL, Report, context_for, diagnose, format_report
+    from hpc_train.fabric.doctor import (
+        FAIL,
+        Report,
+        context_for,
+        diagnose,
+        format_report,
+    )
 
     if args.submit:
         reports = _submit(args)
     else:
         from hpc_train.api import resolve_site
-        from hpc_train.plugins import default_plugins
+        from hpc_train.plugin.manager import default_plugins
 
         plugins = default_plugins()
         resolved = resolve_site(args.site, plugins)
@@ -43,10 +49,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace) -> list:
-    """One task per node runs hpc_train.doctor.node_report; each writes its report into the job folder."""
+    """One task per node runs hpc_train.fabric.doctor.node_report; each writes its report into the job folder."""
     from hpc_train.api import submit
-    from hpc_train.doctor import Report, node_report
     from hpc_train.errors import SchedulerError
+    from hpc_train.fabric.doctor import Report, node_report
 
     options = {"site": args.site, "nodes": args.nodes, "procs_per_node": 1, "time": "00:05:00",
                "partition": args.partition, "job_name": "hpc_train-doctor", "job_root": args.job_root}

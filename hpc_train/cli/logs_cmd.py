@@ -17,17 +17,17 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hpc_train.handle import JobHandle
+    from hpc_train.jobs.handle import JobHandle
 
     handle = JobHandle.from_id(args.job_id)
     stream = "stderr" if args.stderr else "stdout"
     if args.follow:
-        from hpc_train.follow import follow
+        from hpc_train.jobs.follow import follow
 
         follow(handle, rank=args.rank, stream=stream, all_ranks=args.all)
         return 0
     if args.all:
-        from hpc_train.follow import print_logs
+        from hpc_train.jobs.follow import print_logs
 
         if not print_logs(handle, stream):
             print(f"no {stream} yet for job {handle.job_id}; state: {handle.state}", file=sys.stderr)

@@ -36,7 +36,16 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
                    help="record step time, throughput, loss, communication (default on; see `report`)")
     t.add_argument("--parallel", metavar="dp=N,tp=N,pp=N",
                    help="data/tensor/pipeline parallel layout; dp x tp x pp = nodes x processes per node")
-    c = parser.add_argument_group("preemption, time limits and checkpoints")
+    _add_checkpoint_options(parser.add_argument_group("preemption, time limits and checkpoints"))
+    _add_resource_options(parser.add_argument_group("resources"))
+    d = parser.add_argument_group("dependencies")
+    d.add_argument("--after", action="append", default=[], metavar="JOB",
+                   help="start after this job or sweep (repeatable; ids may be comma-separated)")
+    d.add_argument("--after-type", choices=["afterok", "afterany", "afternotok", "after", "aftercorr"],
+                   help="how the --after jobs must end (default afterok: succeeded; afterany: ended at all)")
+
+
+def _add_checkpoint_options(c: argparse._ArgumentGroup) -> None:
     c.add_argument("--requeue", action=argparse.BooleanOptionalAction, default=None,
                    help="save and requeue before the time limit or on the warning signal (default: the site's)")
     c.add_argument("--max-restarts", type=int, metavar="N", help="requeues allowed before the job stops for good")
@@ -46,9 +55,14 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--keep-checkpoints", type=int, metavar="K", help="complete checkpoints to keep (default 2)")
     c.add_argument("--async-checkpoint", action=argparse.BooleanOptionalAction, default=None,
                    help="write periodic checkpoints in the background")
+    c.add_argument("--restart-from-scratch", action="store_true", default=None,
+                   help="when the job's checkpoints exist but none loads (damaged), set them aside and train "
+                        "from step 0 instead of failing (a checkpoint that loads is still resumed from)")
     c.add_argument("--exact-resume", action=argparse.BooleanOptionalAction, default=None,
                    help="fix DDP's gradient buckets so resumed runs are bit-identical (default on)")
-    r = parser.add_argument_group("resources")
+
+
+def _add_resource_options(r: argparse._ArgumentGroup) -> None:
     r.add_argument("--nodes", "-N", type=int, default=1, help="nodes (default: 1)")
     r.add_argument("--procs-per-node", type=int, help="processes per node (default: GPUs per node, 1 on CPU)")
     r.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the partition's)")
@@ -63,15 +77,10 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--constraint", "-C")
     r.add_argument("--sbatch", action="append", default=[], metavar="OPTION=VALUE",
                    help="any other sbatch option, e.g. --sbatch mail-type=END (repeatable)")
-    d = parser.add_argument_group("dependencies")
-    d.add_argument("--after", action="append", default=[], metavar="JOB",
-                   help="start after this job or sweep (repeatable; ids may be comma-separated)")
-    d.add_argument("--after-type", choices=["afterok", "afterany", "afternotok", "after", "aftercorr"],
-                   help="how the --after jobs must end (default afterok: succeeded; afterany: ended at all)")
 
 
 def add_sweep_options(parser: argparse.ArgumentParser) -> None:
-    """``submit``'s sweep options: one job becomes a job array over these values (hpc_train.sweep)."""
+    """``submit``'s sweep options: one job becomes a job array over these values (hpc_train.sweeps.arrays)."""
     s = parser.add_argument_group("sweeps (Slurm job arrays)")
     s.add_argument("--sweep", action="append", default=[], metavar="NAME=V1,V2",
                    help="run once per value, as --NAME V and $HPC_TRAIN_SWEEP_NAME (repeatable: a grid)")
@@ -143,6 +152,7 @@ def job_options(args: argparse.Namespace) -> dict[str, Any]:
         "checkpoint_every": args.checkpoint_every,
         "keep_checkpoints": args.keep_checkpoints,
         "async_checkpoint": args.async_checkpoint,
+        "restart_from_scratch": args.restart_from_scratch,
         "exact_resume": args.exact_resume,
         "metrics": args.metrics,
         "after": list(args.after) or None,

@@ -12,8 +12,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hpc_train.hookspecs import SITE_SCOPED_HOOKS
-    from hpc_train.plugins import default_plugins, disabled_plugins
+    from hpc_train.plugin.hookspecs import SITE_SCOPED_HOOKS
+    from hpc_train.plugin.manager import default_plugins, disabled_plugins
 
     plugins = default_plugins()
     for info in plugins.info():

@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from hpc_train.errors import SchedulerError
-    from hpc_train.preflight import (
+    from hpc_train.fabric.preflight import (
         evaluate,
         format_table,
         read_result,

@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hpc_train import report
+    from hpc_train.jobs import report
 
     folder = Path(args.job_id)
     title = None
@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
             from hpc_train.errors import UsageError
 
             raise UsageError(f"no folder {args.job_id}", hint="give a job id or a job's folder")
-        from hpc_train.handle import JobHandle
+        from hpc_train.jobs.handle import JobHandle
 
         handle = JobHandle.from_id(args.job_id)
         folder, title = handle.folder, f"job {handle.job_id}"

@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hpc_train.sweep_handle import SweepHandle
+    from hpc_train.sweeps.handle import SweepHandle
 
     handle = SweepHandle.from_id(args.sweep_id)
     tasks = None if args.failed else args.task
@@ -48,7 +48,8 @@ def _task_list(tasks: list[int], limit: int = 20) -> str:
 def submit_sweep(args: argparse.Namespace, script: str, script_args: list[str], options: dict[str, Any]) -> int:
     """``submit --sweep NAME=V1,V2 ...``: the sweep's id, folder and how to follow it."""
     from hpc_train.errors import UsageError
-    from hpc_train.sweep import parse_cli, sweep
+    from hpc_train.sweeps.arrays import parse_cli
+    from hpc_train.sweeps.submit import sweep
 
     if not args.sweep:
         raise UsageError("--max-concurrent limits a sweep: add --sweep NAME=V1,V2")
@@ -75,13 +76,13 @@ def submit_sweep(args: argparse.Namespace, script: str, script_args: list[str], 
 
 def print_status(sweep_id: str, as_json: bool) -> int:
     """``status SWEEP``: counts per state and the tasks that failed."""
-    from hpc_train.sweep_handle import SweepHandle
+    from hpc_train.sweeps.handle import SweepHandle
 
     handle = SweepHandle.from_id(sweep_id)
     counts = handle.counts()
     states = handle.states()
     failed = handle.failed(poll=False, confirm=False)
-    data = {
+    data: dict[str, Any] = {
         "sweep_id": handle.sweep_id,
         "tasks": len(handle),
         "arrays": handle.array_ids,

@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from hpc_train.api import resolve_site
     from hpc_train.config.loader import display_path
     from hpc_train.config.validate import dump
-    from hpc_train.plugins import default_plugins
+    from hpc_train.plugin.manager import default_plugins
 
     resolved = resolve_site(args.name, default_plugins())
     chain = " <- ".join(display_path(p) for p in reversed(resolved.chain))

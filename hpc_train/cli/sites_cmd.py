@@ -13,7 +13,7 @@ def run(args: argparse.Namespace) -> int:
     from hpc_train.api import site_registry
     from hpc_train.config.loader import display_path
     from hpc_train.errors import HpcTrainError
-    from hpc_train.plugins import default_plugins
+    from hpc_train.plugin.manager import default_plugins
 
     plugins = default_plugins()
     registry = site_registry(plugins)
@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             resolved = registry.load(name)
             about = resolved.config.description or ""
-            kind = resolved.config.scheduler
+            kind: str = resolved.config.scheduler
         except HpcTrainError as exc:
             about, kind = f"INVALID: {exc.message.splitlines()[0]}", "?"
         rows.append((name, kind, source.origin, about, display_path(source.path)))

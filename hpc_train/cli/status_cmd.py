@@ -16,8 +16,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hpc_train.handle import JobHandle
-    from hpc_train.sweep_handle import SweepRecord
+    from hpc_train.jobs.handle import JobHandle
+    from hpc_train.sweeps.handle import SweepRecord
 
     if SweepRecord.exists(args.job_id):  # a sweep: counts per state and its failed tasks
         from hpc_train.cli.resubmit_cmd import print_status
@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
         return print_status(args.job_id, args.json)
     handle = JobHandle.from_id(args.job_id)
     if args.watch:
-        from hpc_train.progress import watch
+        from hpc_train.jobs.progress import watch
 
         watch(handle)
         return 0

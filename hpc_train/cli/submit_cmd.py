@@ -45,13 +45,13 @@ def run(args: argparse.Namespace) -> int:
     if not (args.wait or args.follow):
         return 0
     if args.follow:
-        from hpc_train.follow import follow
+        from hpc_train.jobs.follow import follow
 
         state = follow(handle)
     elif args.parsable:
         state = handle.wait()
     else:
-        from hpc_train.progress import watch
+        from hpc_train.jobs.progress import watch
 
         state = watch(handle, sys.stderr)  # stderr: stdout stays the submission's few lines
     code = handle.exit_code()

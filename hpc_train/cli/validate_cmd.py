@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from hpc_train.api import site_registry
     from hpc_train.errors import ConfigError, HpcTrainError, Problem, did_you_mean
-    from hpc_train.plugins import default_plugins
+    from hpc_train.plugin.manager import default_plugins
 
     plugins = default_plugins()
     registry = site_registry(plugins)

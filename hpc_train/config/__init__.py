@@ -1,6 +1,6 @@
 """Typed configuration: site files (YAML) and job specs, with errors that name file, key and line.
 
-Submodules load on first use: ``hpc_train.backend`` needs only ``fields``, and a command that reads
+Submodules load on first use: ``hpc_train.plugin.backend`` needs only ``fields``, and a command that reads
 no site file should not pay for the YAML loader.
 """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from hpc_train.config.fields import field_names
@@ -56,7 +56,7 @@ def _unwrap(annotation: Any) -> Any:
     return annotation
 
 
-def _expected(error: dict[str, Any]) -> str:
+def _expected(error: Mapping[str, Any]) -> str:
     kind = error["type"]
     ctx = error.get("ctx") or {}
     simple = {

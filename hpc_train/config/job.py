@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from hpc_train.config.fields import After, Before, Ge, Gt, Model, setting
 from hpc_train.config.models import Env, SbatchValue, SlurmTime
 from hpc_train.errors import UsageError
-from hpc_train.layout import canonical as canonical_layout
+from hpc_train.submission.layout import canonical as canonical_layout
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # sbatch options hpc_train sets itself; passing them through --sbatch would contradict the plan.
@@ -100,12 +100,14 @@ class JobSpec(Model):
     checkpoint_every: Annotated[int, Ge(1)] | None = setting(None, "save every N steps (ckpt.step)")
     keep_checkpoints: Annotated[int, Ge(1)] | None = setting(None, "how many complete checkpoints to keep")
     async_checkpoint: bool | None = setting(None, "write periodic checkpoints in the background")
+    restart_from_scratch: bool | None = setting(
+        None, "when checkpoints exist but none loads, set them aside and train from step 0 instead of failing")
     exact_resume: bool | None = setting(None, "fixed DDP gradient buckets so a resumed run is bit-identical")
     metrics: bool | None = setting(None, "per-step metrics files in the job folder (on unless False)")
-    # tensor / pipeline parallel layout (hpc_train.layout); checked against the resources by the plan
+    # tensor / pipeline parallel layout (hpc_train.submission.layout); checked against the resources by the plan
     parallel: Annotated[str | dict[str, int] | None, After(_parallel)] = setting(
         None, "process mesh sizes, e.g. 'dp=2,tp=2,pp=1'")
-    # dependencies (sbatch --dependency): start after these jobs or sweeps; hpc_train.sweep expands sweep ids
+    # dependencies (sbatch --dependency): start after these jobs or sweeps; hpc_train.sweeps.submit expands sweep ids
     after: Annotated[list[str], Before(_after)] = setting(doc="job ids this job waits for (--after)", factory=list)
     after_type: Literal["afterok", "afterany", "afternotok", "after", "aftercorr"] = setting(
         "afterok", "how --after jobs must end: afterok (succeeded), afterany, afternotok, after (started)")

@@ -192,7 +192,7 @@ class SiteRegistry:
 
 def _get(data: Any, loc: Loc) -> Any:
     for part in loc:
-        if isinstance(data, dict) and part in data:
+        if isinstance(data, dict) and part in data:  # noqa: SIM114 (two branches: the list one narrows part to int)
             data = data[part]
         elif isinstance(data, list) and isinstance(part, int) and part < len(data):
             data = data[part]

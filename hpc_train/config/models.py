@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from hpc_train.config.fields import After, Before, Ge, Gt, Le, Model, Pattern, setting
 from hpc_train.config.slurm_time import parse_slurm_time
-from hpc_train.nccl import check_name, profile_errors
+from hpc_train.fabric.nccl import check_name, profile_errors
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Names that end up in #SBATCH values, file names and hook lookups: no spaces, quotes or control chars.

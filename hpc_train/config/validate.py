@@ -55,7 +55,7 @@ def defaults(cls: type[T]) -> T:
     """An instance with every default (None where a field has none), unvalidated: to go on planning
     after an error has been recorded, so that every problem is reported at once."""
     if not dataclasses.is_dataclass(cls):
-        return cls.model_construct()  # type: ignore[attr-defined,no-any-return]
+        return cls.model_construct()  # type: ignore[attr-defined]
     obj = object.__new__(cls)
     for f in dataclasses.fields(cls):
         object.__setattr__(obj, f.name, default_of(f))  # frozen dataclasses too

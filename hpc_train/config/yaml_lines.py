@@ -36,9 +36,9 @@ def parse_yaml(raw: bytes, display: str) -> tuple[Any, dict[Loc, int]]:
         data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else None
+        where = mark.line + 1 if mark else None
         what = " ".join(filter(None, [exc.context, exc.problem]))
-        raise ConfigError(Problem(display, "", f"YAML syntax error: {what}", line)) from None
+        raise ConfigError(Problem(display, "", f"YAML syntax error: {what}", where)) from None
     except yaml.YAMLError as exc:
         raise ConfigError(Problem(display, "", f"YAML error: {exc}")) from None
     finally:

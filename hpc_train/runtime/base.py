@@ -10,11 +10,15 @@ import contextlib
 import datetime
 import functools
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from hpc_train.runtime.environment import DistEnv
 from hpc_train.runtime.options import RuntimeOptions
+
+# How long shutdown() lets go of the GIL for torch's communication threads to finish (see shutdown()).
+WORKER_DRAIN_S = 0.2
 
 
 class BackendRuntime:
@@ -60,10 +64,18 @@ class BackendRuntime:
                                     world_size=self.env.world_size, timeout=datetime.timedelta(minutes=30), **kwargs)
 
     def shutdown(self) -> None:
+        """Stop the backend in this process; the Context has already let every rank get here (barrier)."""
         import torch.distributed as dist
 
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        if not dist.is_initialized():
+            return
+        dist.destroy_process_group()  # every group, the newest first
+        # That does not stop gloo's worker threads (a DDP model still holds the group), and a worker drops a
+        # finished collective a moment after the caller got its result. Dropping a tensor Python made takes
+        # the GIL, and a thread taking the GIL once the interpreter is finalizing is ended inside a C++
+        # destructor: std::terminate, "terminate called without an active exception", SIGABRT at exit.
+        # So let go of the GIL now, while the interpreter is intact, for the workers to finish.
+        time.sleep(WORKER_DRAIN_S)
 
     # -- model -----------------------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -104,7 +116,10 @@ class BackendRuntime:
         hook = self.options.comm_hook
         if hook == "none" and self.metrics is None:
             return
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+        from torch.distributed.algorithms.ddp_comm_hooks import (
+            default_hooks,
+            powerSGD_hook,
+        )
 
         state: Any = None
         fn: Any
@@ -185,11 +200,17 @@ class BackendRuntime:
 
     def any_rank(self, flag: bool) -> bool:
         """True on every rank if it is true on any rank (one small all-reduce)."""
+        return self.any_ranks((flag,))[0]
+
+    def any_ranks(self, flags: Sequence[bool]) -> tuple[bool, ...]:
+        """``any_rank`` for several flags at once, in one small all-reduce (what a training step can afford)."""
         if self.env.world_size == 1:
-            return flag
+            return tuple(bool(f) for f in flags)
         import torch
 
-        return bool(self.all_reduce(torch.tensor([int(flag)], dtype=torch.int32)).item() > 0)
+        # on the device: an NCCL process group reduces nothing else
+        counts = self.all_reduce(torch.tensor([int(bool(f)) for f in flags], dtype=torch.int32, device=self.device))
+        return tuple(c > 0 for c in counts.tolist())
 
     def gather_object(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order (on every rank)."""
@@ -268,12 +289,13 @@ def apply_activation_checkpointing(model: Any, module_types: tuple[type, ...] | 
     """
     from torch.utils.checkpoint import checkpoint
 
+    targets: list[Any]
     if module_types:
         targets = [m for m in model.modules() if isinstance(m, module_types) and m is not model]
     else:
         targets = [m for m in model.children() if any(True for _ in m.parameters())]
     for module in targets:
-        forward = module.forward
+        forward: Any = module.forward
 
         def wrapped(*args: Any, _forward: Any = forward, **kwargs: Any) -> Any:
             return checkpoint(_forward, *args, use_reentrant=False, **kwargs)

@@ -4,14 +4,18 @@ Layout of the job's checkpoint folder (``$HPC_TRAIN_CHECKPOINT_DIR``, one per jo
 
     step-00000120/            a complete checkpoint: hpc_train.pt (+ engine/ for DeepSpeed) + COMMIT
     step-00000180.tmp-4242/   being written; ignored by restore, removed by the next save
+    step-00000100.damaged-2/  did not load in run 2; set aside (never deleted) so it is not tried again
 
 A checkpoint is complete when its COMMIT marker exists; the marker is written last, after the
-data is fsynced and the folder renamed into place, and records each file's size so a truncated
-file is caught before loading. Older checkpoints are deleted only after a newer one is committed.
+data is fsynced and the folder renamed into place, and records each file's size and SHA-256
+digest, so a truncated or overwritten file is caught before loading. Older checkpoints are
+deleted only after a newer one is committed.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import random
@@ -22,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpc_train import contract
 from hpc_train.runtime.preemption import StopWatcher, log, requeue
 
 if TYPE_CHECKING:
@@ -31,10 +36,48 @@ STATE_FILE = "hpc_train.pt"
 ENGINE_DIR = "engine"
 COMMIT = "COMMIT"
 EXIT_STOPPED = 3  # stopped for a time limit or preemption without a requeue: resubmit to continue
+# Measured with bench/checkpoint.py (x86-64 with SHA-NI): sha256 1.2-1.75 GB/s, blake2b 0.8-1.1 GB/s.
+# CPUs without SHA extensions reverse that; sha256 is also what `sha256sum` checks by hand.
+DIGEST = "sha256"
+_CHUNK = 8 << 20
+_TORCH_WRITE_FAILED = ("unexpected pos", "file write failed", "failed writing")  # torch's own writer's words
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint could not be written; the previous one is untouched."""
+    """A checkpoint could not be written (the previous one is untouched), or none could be loaded.
+
+    ``repeats``: running again would fail the same way (a full disk; no checkpoint loads), so the
+    batch script must not requeue it (``--on-failure requeue``).
+    """
+
+    def __init__(self, message: str, *, repeats: bool = False) -> None:
+        super().__init__(message)
+        self.repeats = repeats
+
+
+class _HashingWriter:
+    """What torch.save writes into: each chunk is digested on its way to the file, so the state
+    file's digest costs no read-back. torch.save needs only write() and flush()."""
+
+    def __init__(self, file: Any) -> None:
+        self.file = file
+        self.hash = hashlib.new(DIGEST)
+
+    def write(self, data: Any) -> int:
+        self.hash.update(data)  # releases the GIL for large chunks: training goes on meanwhile
+        return self.file.write(data)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def _digest(file: Any, algorithm: str = DIGEST) -> str:
+    h = hashlib.new(algorithm)
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    while n := file.readinto(buffer):
+        h.update(view[:n])
+    return h.hexdigest()
 
 
 def _fsync_dir(path: Path) -> None:
@@ -45,16 +88,81 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _fsync_tree(path: Path) -> dict[str, int]:
+def _fsync_tree(path: Path, digests: dict[str, str]) -> dict[str, int]:
+    """fsync everything under ``path``; each file's size, and its digest added to ``digests``.
+
+    Files we did not write ourselves (DeepSpeed's engine/, torch.distributed.checkpoint shards) are
+    hashed here, reading back what was just written: usually from the page cache, but files other
+    nodes wrote come over the network on a shared filesystem, and a fault between the writer's
+    memory and the page cache is not caught. The reading costs about size / (1 GB/s).
+    """
     sizes = {}
     for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        name = str(file.relative_to(path))
         with open(file, "rb") as f:
+            if name not in digests:
+                digests[name] = _digest(f)
             os.fsync(f.fileno())
-        sizes[str(file.relative_to(path))] = file.stat().st_size
+        sizes[name] = file.stat().st_size
     for folder in sorted((p for p in path.rglob("*") if p.is_dir()), reverse=True):
         _fsync_dir(folder)
     _fsync_dir(path)
     return sizes
+
+
+def _check_file(path: Path, name: str, size: int, digest: str | None, algorithm: str) -> str | None:
+    """What is wrong with one file of a committed checkpoint, or None."""
+    file = path / name
+    try:
+        actual = file.stat().st_size
+    except FileNotFoundError:
+        return f"{name} is missing"
+    if actual != size:
+        return f"{name} has {actual} bytes, the commit recorded {size}"
+    if digest is not None:
+        if algorithm not in hashlib.algorithms_available:
+            return f"{name} cannot be checked: its digest is {algorithm}, which this Python's hashlib lacks"
+        with open(file, "rb") as f:
+            found = _digest(f, algorithm)
+        if found != digest:
+            return f"{name} digest mismatch ({algorithm} {found[:12]}..., the commit recorded {digest[:12]}...)"
+    return None
+
+
+def _shares(sizes: dict[str, int], ranks: int) -> list[list[str]]:
+    """The files split into ``ranks`` shares of about equal bytes: each is read once, by one rank."""
+    shares: list[list[str]] = [[] for _ in range(ranks)]
+    load = [0] * ranks
+    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
+        lightest = load.index(min(load))
+        shares[lightest].append(name)
+        load[lightest] += sizes[name]
+    return shares
+
+
+def _tensor_bytes(obj: Any) -> int:
+    """Bytes of the tensors (and raw bytes) in a payload: about what its file will need."""
+    if hasattr(obj, "element_size") and hasattr(obj, "numel"):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (bytes, bytearray)):
+        return len(obj)
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
+
+
+def _no_space(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it came from) is a full disk or an exhausted quota."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _rng_state() -> dict[str, Any]:
@@ -67,8 +175,8 @@ def _rng_state() -> dict[str, Any]:
     try:
         import numpy as np
 
-        kind, keys, pos, has_gauss, cached = np.random.get_state()
-        state["numpy"] = (kind, keys.astype("<u4").tobytes(), int(pos), int(has_gauss), float(cached))
+        kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # the tuple form
+        state["numpy"] = (kind, np.asarray(keys, dtype="<u4").tobytes(), int(pos), int(has_gauss), float(cached))
     except ImportError:
         pass
     return state
@@ -119,20 +227,24 @@ class Checkpointer:
     """Save every N steps and when the job must stop; restore the newest complete checkpoint."""
 
     def __init__(self, ctx: Context, folder: str | os.PathLike[str] | None = None, every: int | None = None,
-                 keep: int | None = None, async_save: bool | None = None) -> None:
+                 keep: int | None = None, async_save: bool | None = None,
+                 restart_from_scratch: bool | None = None) -> None:
         env = os.environ
         self.ctx = ctx
-        self.folder = Path(folder or env.get("HPC_TRAIN_CHECKPOINT_DIR") or "checkpoints")
+        self.folder = Path(folder or env.get("HPC_TRAIN_CHECKPOINT_DIR") or contract.CHECKPOINTS)
         self.every = every if every is not None else int(env.get("HPC_TRAIN_CHECKPOINT_EVERY") or 0)
         self.keep = max(1, keep if keep is not None else int(env.get("HPC_TRAIN_KEEP_CHECKPOINTS") or 2))
         self.async_save = async_save if async_save is not None else env.get("HPC_TRAIN_ASYNC_CHECKPOINT") == "1"
+        self.restart_from_scratch = (restart_from_scratch if restart_from_scratch is not None
+                                     else env.get("HPC_TRAIN_RESTART_FROM_SCRATCH") == "1")
         self.run = int(env.get("HPC_TRAIN_RUN") or 1)
         self.max_restarts = int(env["HPC_TRAIN_MAX_RESTARTS"]) if env.get("HPC_TRAIN_MAX_RESTARTS") else None
+        self.no_retry_file = env.get("HPC_TRAIN_NO_RETRY_FILE") or None
         self.tracked: dict[str, Any] = {}
         self.watcher = StopWatcher().start()
         self.last_saved: int | None = None
         self._writer: threading.Thread | None = None
-        self._writer_error: BaseException | None = None
+        self._writer_error: CheckpointError | None = None
         self._staging: dict[tuple[Any, ...], Any] = {}
         if ctx.is_main:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -174,29 +286,97 @@ class Checkpointer:
         return sorted(found, reverse=True)
 
     def restore(self) -> int:
-        """The step to continue from: 0 on a fresh job, else the newest checkpoint that loads."""
-        for step, path in self.complete():
-            try:
-                self._load(path)
-            except Exception as exc:  # a damaged checkpoint must not end the run: fall back
-                log(f"checkpoint {path} is unreadable ({type(exc).__name__}: {exc}); trying the one before")
-                continue
-            self.last_saved = step
+        """The step to continue from: 0 on a fresh job, else the newest checkpoint that loads.
+
+        Every rank tries the same checkpoints (rank 0's listing) and they agree before and after
+        loading each: one rank falling back alone would train from another step, or hang in
+        DeepSpeed's collective load. When checkpoints exist and none loads, every rank raises
+        (training silently from step 0 would throw the run away), unless restart_from_scratch.
+        """
+        runtime = self.ctx.runtime
+        candidates = runtime.gather_object(self.complete() if self.ctx.is_main else None)[0]
+        failed: list[tuple[int, Path, str]] = []
+        for index, (step, path) in enumerate(candidates):
+            problem = self._agreed(self.verify(path))  # a damaged file is never loaded
+            if problem is None:
+                problem = self._agreed(self._try_load(path))
+            if problem is None:
+                self._set_aside(failed)
+                self.last_saved = step
+                if self.ctx.is_main:
+                    log(f"run {self.run}: restored step {step} from {path}")
+                return step
             if self.ctx.is_main:
-                log(f"run {self.run}: restored step {step} from {path}")
-            return step
+                then = "trying the one before" if index + 1 < len(candidates) else "it was the oldest"
+                log(f"warning: checkpoint {path} is unreadable ({problem}); {then}")
+            failed.append((step, path, problem))
+        if failed:
+            return self._none_loads(failed)
         if self.ctx.is_main:
             log(f"run {self.run}: no checkpoint in {self.folder}; starting from step 0")
         return 0
 
+    def verify(self, path: Path) -> str | None:
+        """What is wrong with checkpoint ``path`` (sizes and digests against its COMMIT), or None.
+
+        Every rank checks its own share of the files; combine the answers with gather_object.
+        """
+        try:
+            commit = json.loads((path / COMMIT).read_text())
+            sizes: dict[str, int] = commit["files"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return f"its {COMMIT} marker is unreadable ({type(exc).__name__}: {exc})"
+        digests: dict[str, str] = commit.get("digests") or {}  # markers before digests: sizes only
+        algorithm = commit.get("digest", DIGEST)
+        share = _shares(sizes, self.ctx.world_size)[self.ctx.rank]
+        problems = [p for name in share if (p := _check_file(path, name, sizes[name], digests.get(name), algorithm))]
+        return ", ".join(problems) or None
+
+    def _agreed(self, problem: str | None) -> str | None:
+        """Every rank's problems with one checkpoint, the same text on every rank; None if none had any."""
+        problems = [p for p in self.ctx.runtime.gather_object(problem) if p]
+        return ", ".join(dict.fromkeys(problems)) or None
+
+    def _try_load(self, path: Path) -> str | None:
+        try:
+            self._load(path)
+        except Exception as exc:  # a damaged checkpoint must not end the run: the caller falls back
+            lines = str(exc).strip().splitlines()
+            return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+        return None
+
+    def _set_aside(self, failed: list[tuple[int, Path, str]]) -> None:
+        """Rename checkpoints that did not load so they are never tried (or pruned in place of new
+        ones) again; kept on disk for a look, and named in the log."""
+        if not self.ctx.is_main:
+            return
+        for _, path, _ in failed:
+            aside = path.with_name(f"{path.name}.damaged-{self.run}")
+            try:
+                os.replace(path, aside)
+                log(f"set {path.name} aside as {aside.name} (delete it when you no longer need it)")
+            except OSError as exc:
+                log(f"could not set {path} aside ({exc}); it will be tried again next run")
+
+    def _none_loads(self, failed: list[tuple[int, Path, str]]) -> int:
+        listing = "; ".join(f"step {step}: {problem}" for step, _, problem in failed)
+        if self.restart_from_scratch:
+            if self.ctx.is_main:
+                log(f"run {self.run}: no checkpoint in {self.folder} loads ({listing}); "
+                    "restart from scratch requested: starting over from step 0")
+            self._set_aside(failed)
+            return 0
+        message = (f"no checkpoint in {self.folder} loads ({listing}); not starting over from step 0 on "
+                   "its own: repair or remove them, or resubmit with --restart-from-scratch "
+                   "(HPC_TRAIN_RESTART_FROM_SCRATCH=1) to set them aside and train from step 0")
+        if self.ctx.is_main:
+            log(message)
+            self._no_retry(message)
+        raise CheckpointError(message, repeats=True)
+
     def _load(self, path: Path) -> None:
         import torch
 
-        commit = json.loads((path / COMMIT).read_text())
-        for name, size in commit.get("files", {}).items():
-            actual = (path / name).stat().st_size if (path / name).exists() else -1
-            if actual != size:
-                raise CheckpointError(f"{name} has {actual} bytes, the commit recorded {size}")
         payload = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
         self.ctx.runtime.load_checkpoint_state(payload["runtime"], str(path / ENGINE_DIR))
         for name, obj in self.tracked.items():
@@ -219,7 +399,7 @@ class Checkpointer:
         """Save ``step`` now; every rank must call it. Rank 0's write runs in the background when
         async saving is on (training is blocked only while the state is copied), unless ``wait``."""
         runtime = self.ctx.runtime
-        self._agree_on(self._finish_writer(), "the previous checkpoint")
+        self._agree_on(self._finish_writer())
         # every rank may write into it (engine or sharded state): all must name the same folder
         suffix = os.environ.get("SLURM_JOB_ID") or runtime.gather_object(os.getpid())[0]
         tmp = self.folder / f"step-{step:08d}.tmp-{suffix}"
@@ -228,13 +408,14 @@ class Checkpointer:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         runtime.barrier()
-        error: str | None = None
+        engine_error: Exception | None = None
         try:
             runtime.write_engine_state(str(tmp / ENGINE_DIR))
         except Exception as exc:
-            error = f"writing the engine state of step {step} failed: {type(exc).__name__}: {exc}"
+            engine_error = exc
         payload = self._payload(step)  # a collective: every rank gets here
-        if error is None and self.ctx.is_main:
+        failure: CheckpointError | None = None
+        if engine_error is None and self.ctx.is_main:
             background = self.async_save if wait is None else not wait
             if background and payload["runtime"] is not None:
                 snapshot = _to_cpu(payload, self._staging)  # training goes on changing the live tensors
@@ -245,34 +426,67 @@ class Checkpointer:
                 try:  # training waits for this write: the live tensors cannot change under it
                     self._write(payload, tmp, final, step)
                 except CheckpointError as exc:
-                    error = str(exc)
-        if error is not None and self.ctx.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-        self._agree_on(error, f"step {step}")
+                    failure = exc
+        if runtime.any_rank(engine_error is not None or failure is not None):
+            if self.ctx.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            runtime.barrier()  # so that a rank's report of free space counts the partial write as gone
+            if engine_error is not None:
+                failure = self._failure(step, engine_error, self._needed(payload),
+                                        f"rank {self.ctx.rank} writing its engine state")
+            self._raise_agreed(failure)
         self.last_saved = step
 
-    def _agree_on(self, error: str | None, what: str) -> None:
+    def _agree_on(self, failure: CheckpointError | None) -> None:
         """Every rank raises if any rank failed (one rank raising alone would hang the others)."""
-        if self.ctx.runtime.any_rank(error is not None):
-            raise CheckpointError(error or f"another rank failed to save {what}; see its log")
+        if self.ctx.runtime.any_rank(failure is not None):
+            self._raise_agreed(failure)
+
+    def _raise_agreed(self, failure: CheckpointError | None) -> None:
+        """Raise the first failing rank's error on every rank; a collective, once any rank failed."""
+        reports = self.ctx.runtime.gather_object(None if failure is None else (str(failure), failure.repeats))
+        message, repeats = next(r for r in reports if r is not None)
+        if repeats and self.ctx.is_main:
+            self._no_retry(message)
+        raise CheckpointError(message, repeats=repeats)
+
+    def _no_retry(self, reason: str) -> None:
+        """Tell the batch script that requeueing would fail the same way (read by --on-failure requeue)."""
+        if not self.no_retry_file:
+            return
+        marker = Path(self.no_retry_file)
+        try:
+            marker.write_text(reason + "\n")
+        except OSError:  # a full disk: an empty marker needs no data block (the reason is in the log)
+            try:
+                marker.touch()
+            except OSError as exc:
+                log(f"could not write {marker} ({exc}); --on-failure requeue will retry this run")
 
     def _write_guarded(self, snapshot: dict[str, Any], tmp: Path, final: Path, step: int) -> None:
         try:
             self._write(snapshot, tmp, final, step)
         except CheckpointError as exc:
             self._writer_error = exc
+        except Exception as exc:  # a bug here must still reach the training loop, not die with the thread
+            self._writer_error = CheckpointError(f"saving step {step} failed: {type(exc).__name__}: {exc}")
 
     def _write(self, snapshot: dict[str, Any], tmp: Path, final: Path, step: int) -> None:
         import torch
 
         try:
-            torch.save(snapshot, tmp / STATE_FILE)
-            sizes = _fsync_tree(tmp)
+            with open(tmp / STATE_FILE, "wb") as f:
+                writer = _HashingWriter(f)
+                torch.save(snapshot, writer)  # type: ignore[arg-type]  # torch calls only write() and flush()
+            digests = {STATE_FILE: writer.hash.hexdigest()}
+            sizes = _fsync_tree(tmp, digests)
             if final.exists():  # the same step saved again (a stop right after a periodic save)
                 shutil.rmtree(final)
             os.replace(tmp, final)
             marker = final / f".{COMMIT}.tmp"
-            marker.write_text(json.dumps({"step": step, "files": sizes, "committed_at": time.time()}))
+            # "files" stays {name: size}: what markers without digests held, so older readers still work
+            marker.write_text(json.dumps({"step": step, "files": sizes, "digest": DIGEST, "digests": digests,
+                                          "committed_at": time.time()}))
             with open(marker, "rb") as f:
                 os.fsync(f.fileno())
             os.replace(marker, final / COMMIT)
@@ -282,20 +496,43 @@ class Checkpointer:
             shutil.rmtree(tmp, ignore_errors=True)
             if final.exists() and not (final / COMMIT).exists():
                 shutil.rmtree(final, ignore_errors=True)
-            raise CheckpointError(self._failure(step, exc)) from None
+            raise self._failure(step, exc, self._needed(snapshot)) from None
         self._prune()
         log(f"saved step {step} to {final}")
 
-    def _failure(self, step: int, exc: BaseException) -> str:
-        detail = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+    def _needed(self, payload: dict[str, Any]) -> int:
+        """About how many bytes a checkpoint takes: its tensors, or the last one's files if more
+        (a DeepSpeed engine's state is not in the payload)."""
+        previous = 0
+        for _, path in self.complete()[:1]:
+            try:
+                previous = sum(json.loads((path / COMMIT).read_text())["files"].values())
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+        return max(_tensor_bytes(payload), previous)
+
+    def _failure(self, step: int, exc: BaseException, needed: int, who: str = "") -> CheckpointError:
+        """The error for a failed save; call it after the partial write is removed (its free space counts)."""
         try:
-            free = shutil.disk_usage(self.folder).free / 2**20
-            detail += f" ({free:.1f} MiB free in {self.folder})"
+            free: float | None = shutil.disk_usage(self.folder).free / 2**20
         except OSError:
-            pass
+            free = None
         previous = self.complete()
         kept = f"checkpoint step {previous[0][0]} is intact" if previous else "no earlier checkpoint exists"
-        return f"saving step {step} failed: {detail}; {kept}"
+        what = f"saving step {step} failed" + (f" ({who})" if who else "")
+        # torch's own writer hides the errno ("unexpected pos ..."): a write that failed where the
+        # space left is less than the checkpoint needs is the same full disk
+        write_failed = any(m in str(exc) for m in _TORCH_WRITE_FAILED)
+        full = _no_space(exc) or (write_failed and free is not None and free * 2**20 < needed)
+        if full:
+            space = f"{free:.1f} MiB free in {self.folder} after removing the partial write" if free is not None else ""
+            need = f"the checkpoint needs about {needed / 2**20:.1f} MiB" if needed else ""
+            detail = "no space left on device" + (": " if space or need else "") + ", ".join(filter(None, (space, need)))
+            return CheckpointError(f"{what}: {detail}; {kept}", repeats=True)
+        detail = getattr(exc, "strerror", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
+        if free is not None:
+            detail += f" ({free:.1f} MiB free in {self.folder})"
+        return CheckpointError(f"{what}: {detail}; {kept}")
 
     def _prune(self) -> None:
         for _, path in self.complete()[self.keep:]:
@@ -303,23 +540,30 @@ class Checkpointer:
         for path in self.folder.glob("step-*.tmp-*"):
             shutil.rmtree(path, ignore_errors=True)  # left by a writer that died; the new one is committed
 
-    def _finish_writer(self) -> str | None:
-        """Wait for rank 0's background write; its error message, if it failed."""
+    def _finish_writer(self) -> CheckpointError | None:
+        """Wait for rank 0's background write; its error, if it failed."""
         if self._writer is not None:
             self._writer.join()
             self._writer = None
         error, self._writer_error = self._writer_error, None
-        return str(error) if error is not None else None
+        return error
 
     def wait(self) -> None:
         """Block until an async save is written and committed (every rank must call it)."""
-        self._agree_on(self._finish_writer(), "the last checkpoint")
+        self._agree_on(self._finish_writer())
 
     # -- the training loop's one call -----------------------------------------------------------------
     def step(self, step: int) -> None:
-        """Call after every step: saves when due; when the job must stop, saves, requeues and exits."""
+        """Call after every step: saves when due; when the job must stop, saves, requeues and exits.
+
+        Raises CheckpointError on every rank once rank 0's background write has failed: at the step
+        after, not at the next save many steps later.
+        """
         runtime = self.ctx.runtime
-        stop = runtime.any_rank(self.watcher.requested)
+        # one small collective per step answers both questions
+        stop, write_failed = runtime.any_ranks((self.watcher.requested, self._writer_error is not None))
+        if write_failed:
+            self._agree_on(self._finish_writer())
         if not runtime.at_accumulation_boundary:
             return  # never save half an accumulated step
         if stop:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,6 +31,8 @@ class Context:
         self.options = runtime.options
         # per-step metrics (hpc_train.runtime.metrics); None when off (HPC_TRAIN_METRICS=0)
         self.metrics = runtime.metrics = recorder_for(backend, runtime, default=metrics)
+        self._checkpointers: list[Checkpointer] = []  # closed by shutdown(): their threads end with the job
+        self._shut_down = False
 
     # -- identity ----------------------------------------------------------------------------
     rank = property(lambda self: self.env.rank)
@@ -70,22 +74,25 @@ class Context:
         return DistributedLoader(dataset, batch_size, rank, size, shuffle=shuffle, seed=seed,
                                  drop_last=drop_last, **loader_kwargs)
 
-    def batches(self, loader: DistributedLoader, start: int = 0) -> Iterator[Any]:
-        """Batches epoch after epoch without end, from overall batch ``start`` (what restore() returned)."""
+    def batches(self, loader: DistributedLoader, start: int = 0, total: int | None = None) -> Iterator[Any]:
+        """Batches epoch after epoch from overall batch ``start`` (what restore() returned), ending once
+        batch ``total`` is reached (none left when restore() returned ``total``); without end if no total."""
         if self.metrics is not None:
             self.metrics.start_at(start)
-        return batches(loader, start)
+        return batches(loader, start, total)
 
     def checkpointer(self, folder: str | None = None, *, every: int | None = None, keep: int | None = None,
-                     async_save: bool | None = None) -> Checkpointer:
+                     async_save: bool | None = None, restart_from_scratch: bool | None = None) -> Checkpointer:
         """This job's checkpoints: ``restore()`` once, then ``step(n)`` after every step.
 
-        Defaults come from the job (--checkpoint-every, --keep-checkpoints, --async-checkpoint); the
-        folder is the job's own, so two jobs never load each other's state.
+        Defaults come from the job (--checkpoint-every, --keep-checkpoints, --async-checkpoint,
+        --restart-from-scratch); the folder is the job's own, so two jobs never load each other's state.
         """
-        checkpointer = Checkpointer(self, folder, every=every, keep=keep, async_save=async_save)
+        checkpointer = Checkpointer(self, folder, every=every, keep=keep, async_save=async_save,
+                                    restart_from_scratch=restart_from_scratch)
         if self.metrics is not None:
             self.metrics.follow_restore(checkpointer)
+        self._checkpointers.append(checkpointer)
         return checkpointer
 
     def backward(self, loss: Any) -> None:
@@ -149,20 +156,46 @@ class Context:
             print(*args, **kwargs, flush=True)
 
     def shutdown(self) -> None:
-        if self.metrics is not None:
-            self.metrics.close()
-        self.runtime.shutdown()
+        """End the job's side of training in order; every rank calls it, a second call does nothing.
+
+        Finishes pending checkpoint writes and the metrics, waits until every rank got here (so no rank
+        closes connections a peer is still using in a collective), then stops the backend. ``rt.init()``
+        also runs it at exit for a script that does not call it.
+        """
+        self._teardown(orderly=True)
+
+    def _teardown(self, orderly: bool) -> None:
+        """``orderly=False``: this process only, with no collective (the other ranks may be gone)."""
+        if self._shut_down:
+            return
+        self._shut_down = True
+        atexit.unregister(self._at_exit)
+        try:
+            if self.metrics is not None:
+                self.metrics.close()
+            if orderly:
+                for checkpointer in self._checkpointers:
+                    checkpointer.close()  # joins the async writer and the stop watcher (a collective)
+                self.runtime.barrier()
+        finally:
+            self.runtime.shutdown()
+
+    def _at_exit(self) -> None:
+        # The script ended without shutdown(). After an uncaught exception (Python has set sys.last_value)
+        # the other ranks may be mid-collective or gone: a collective here could hang, so skip them.
+        failed = getattr(sys, "last_exc", None) is not None or getattr(sys, "last_value", None) is not None
+        self._teardown(orderly=not failed)
 
     def __enter__(self) -> Context:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.shutdown()
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self._teardown(orderly=exc_type is None)
 
 
 def runtime_class(backend: str) -> type[BackendRuntime]:
     """The runtime half of ``backend``, found through the plugin manager and imported lazily."""
-    from hpc_train.plugins import default_plugins
+    from hpc_train.plugin.manager import default_plugins
 
     path = getattr(default_plugins().backend(backend), "runtime", None) or DEFAULT_RUNTIME
     module, _, name = path.partition(":")
@@ -181,4 +214,8 @@ def init(backend: str | None = None, **defaults: Any) -> Context:
     options = RuntimeOptions.from_env(**defaults)
     runtime = with_layout(runtime_class(name))(env, options)  # + device mesh when the job has --parallel
     runtime.init()
-    return Context(env, name, runtime, metrics=metrics)
+    ctx = Context(env, name, runtime, metrics=metrics)
+    # the same orderly end for a script that never calls ctx.shutdown(): atexit runs while the interpreter
+    # is still intact, unlike the finalization that would otherwise tear the backend down
+    atexit.register(ctx._at_exit)
+    return ctx

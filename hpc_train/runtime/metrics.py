@@ -31,12 +31,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpc_train import contract
+
 if TYPE_CHECKING:
     from hpc_train.runtime.base import BackendRuntime
     from hpc_train.runtime.checkpoint import Checkpointer
 
 SWITCH = "HPC_TRAIN_METRICS"
-JSONL = "steps.jsonl"
+JSONL = contract.STEPS
 PROM = "hpc_train.prom"
 TB_DIR = "tensorboard"
 FLUSH_S = 2.0
@@ -61,7 +63,7 @@ def metrics_dir(environ: dict[str, str] | None = None) -> Path | None:
     if env.get("HPC_TRAIN_METRICS_DIR"):
         return Path(env["HPC_TRAIN_METRICS_DIR"])
     if env.get("HPC_TRAIN_JOB_FOLDER"):
-        return Path(env["HPC_TRAIN_JOB_FOLDER"]) / "metrics"
+        return Path(env["HPC_TRAIN_JOB_FOLDER"]) / contract.METRICS
     return None  # outside a job: measure, write nothing
 
 
@@ -197,7 +199,7 @@ class MetricsRecorder:
 
             world = dist.get_world_size()
 
-            def timed_allreduce(state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects annotations it does not expect
+            def timed_allreduce(state, bucket):  # DDP rejects annotations it does not expect
                 start = clock.mark()
 
                 def done(fut: Any) -> Any:
@@ -209,7 +211,7 @@ class MetricsRecorder:
 
             return timed_allreduce
 
-        def timed_hook(state, bucket):  # type: ignore[no-untyped-def]
+        def timed_hook(state, bucket):
             start = clock.mark()
 
             def done(fut: Any) -> Any:
@@ -315,8 +317,8 @@ class MetricsRecorder:
                 row["step_s"] = round(step_s, 6)
             if samples is not None:
                 row["samples"] = samples * self.world_size  # ranks get equal batches (DistributedSampler)
-                if step_s:
-                    row["samples_per_s"] = round(row["samples"] / step_s, 3)
+                if row.get("step_s"):  # from the written step time, so the two always agree
+                    row["samples_per_s"] = round(row["samples"] / row["step_s"], 3)
             if loss is not None:
                 row["loss"] = loss
             comm_s = self.clock.seconds(comm)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hpc_train.layout import AXES, ENV_VAR, Layout, parse
+from hpc_train.submission.layout import AXES, ENV_VAR, Layout, parse
 
 if TYPE_CHECKING:
     from hpc_train.runtime.base import BackendRuntime
@@ -121,12 +121,12 @@ class LayoutRuntime(MeshOnly):
         return None  # sharded: every rank writes its part in write_engine_state
 
     def write_engine_state(self, folder: str) -> None:
-        from hpc_train.runtime import sharded_checkpoint
+        import hpc_train.runtime.sharded_checkpoint as sharded_checkpoint
 
         sharded_checkpoint.save(folder, self.unwrap(self.model), self.optimizer, self.scaler)  # type: ignore[attr-defined]
 
     def load_checkpoint_state(self, state: dict[str, Any] | None, folder: str) -> None:
-        from hpc_train.runtime import sharded_checkpoint
+        import hpc_train.runtime.sharded_checkpoint as sharded_checkpoint
 
         sharded_checkpoint.load(folder, self.unwrap(self.model), self.optimizer, self.scaler)  # type: ignore[attr-defined]
 
@@ -236,7 +236,11 @@ class Pipeline:
 
     def __init__(self, ctx: Context, layers: Sequence[Any], loss_fn: Callable[..., Any], microbatches: int,
                  schedule: str = "gpipe") -> None:
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+        from torch.distributed.pipelining import (
+            PipelineStage,
+            Schedule1F1B,
+            ScheduleGPipe,
+        )
 
         if schedule not in SCHEDULES:
             raise ValueError(f"unknown pipeline schedule {schedule!r}: use one of {SCHEDULES}")

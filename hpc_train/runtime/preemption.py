@@ -24,15 +24,19 @@ class StopWatcher:
         self.stop_file = env.get("HPC_TRAIN_STOP_FILE") or None
         deadline = env.get("HPC_TRAIN_DEADLINE")
         self.deadline = float(deadline) if deadline else None
+        # the site's warning signal (--signal), which an admin's `scancel --signal` sends to every rank
+        job_signal = "SIG" + (env.get("HPC_TRAIN_STOP_SIGNAL") or "USR2").upper().removeprefix("SIG")
+        self.job_signal = (job_signal,) if isinstance(getattr(signal, job_signal, None), signal.Signals) else ()
         self.reason: str | None = None
         self._event = threading.Event()
         self._poll_s = poll_s
         self._installed: dict[int, object] = {}
         self._thread: threading.Thread | None = None
+        self._closed = threading.Event()  # ends the watch thread without reporting a stop
 
     def start(self) -> StopWatcher:
         if threading.current_thread() is threading.main_thread():
-            for name in STOP_SIGNALS:
+            for name in {*STOP_SIGNALS, *self.job_signal}:
                 signum = getattr(signal, name)
                 self._installed[signum] = signal.signal(signum, self._on_signal)
         if self.stop_file or self.deadline:
@@ -44,6 +48,11 @@ class StopWatcher:
         for signum, previous in self._installed.items():
             signal.signal(signum, previous)  # type: ignore[arg-type]
         self._installed.clear()
+        # no thread of ours may outlive the runtime's shutdown (it runs just before the interpreter exits)
+        self._closed.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+            self._thread = None
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self.request(f"signal {signal.Signals(signum).name}")
@@ -54,30 +63,56 @@ class StopWatcher:
             self._event.set()
 
     def _watch(self) -> None:
-        while not self._event.is_set():
+        while not self._event.is_set() and not self._closed.is_set():
             if self.stop_file and os.path.exists(self.stop_file):
                 self.request("stop requested (the batch script got the scheduler's signal)")
             elif self.deadline and time.time() >= self.deadline:
                 self.request("the job's time limit is near")
-            self._event.wait(self._poll_s)
+            self._closed.wait(self._poll_s)
 
     @property
     def requested(self) -> bool:
         return self._event.is_set()
 
 
-def requeue(job_id: str | None = None) -> tuple[bool, str]:
-    """Ask Slurm to requeue this job; (done, what happened)."""
-    job_id = job_id or os.environ.get("SLURM_JOB_ID")  # an array task's own id works for requeue too
+def requeue(job_id: str | None = None, environ: Mapping[str, str] | None = None) -> tuple[bool, str]:
+    """Ask Slurm to requeue this job; (done, what happened).
+
+    Only for the run this process belongs to. An administrator's ``scontrol requeue`` or a preemption
+    requeues the job while the ranks are still saving; a rank that then requeues too would requeue
+    the *next* run, or a job that has since finished. So the controller is asked first: a job no
+    longer running this run is already requeued, and nothing more is done.
+    """
+    env = os.environ if environ is None else environ
+    job_id = job_id or env.get("SLURM_JOB_ID")  # an array task's own id works for requeue too
     if not job_id:
         return False, "not running under Slurm: resubmit the job to continue"
+    info = _controller_info(job_id)
+    # SLURM_RESTART_COUNT is not kept reliably for array tasks: compare restarts only for plain jobs
+    ours = None if env.get("SLURM_ARRAY_TASK_ID") else int(env.get("SLURM_RESTART_COUNT") or 0)
+    newer = ours is not None and (info.get("Restarts") or "0").isdigit() and int(info.get("Restarts") or 0) > ours
+    if info and (info.get("JobState") != "RUNNING" or newer):
+        return True, (f"job {job_id} is already being requeued (now {info.get('JobState')}, "
+                      f"restart {info.get('Restarts')}); not requeueing it again")
     try:
         out = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"scontrol requeue {job_id} failed: {exc}"
     if out.returncode != 0:
+        if "pending" in out.stderr.lower():  # requeued by someone else between the look and the call
+            return True, f"job {job_id} was requeued by the scheduler meanwhile: {out.stderr.strip()}"
         return False, f"scontrol requeue {job_id} failed: {out.stderr.strip()}"
     return True, f"requeued job {job_id}"
+
+
+def _controller_info(job_id: str) -> dict[str, str]:
+    """``scontrol show job``'s fields; {} when the controller cannot be asked."""
+    try:
+        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    first = out.stdout.splitlines()[0] if out.returncode == 0 and out.stdout else ""
+    return dict(word.split("=", 1) for word in first.split() if "=" in word)
 
 
 def log(message: str) -> None:

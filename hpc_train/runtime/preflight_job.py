@@ -3,7 +3,7 @@
 Run by the torchrun backend on every node (one process per GPU, or one per CPU node). Bus bandwidth
 follows nccl-tests: algbw = bytes / time, busbw = algbw * 2(n-1)/n, so figures compare with
 published ones whatever the number of ranks. Each timing is the slowest rank's. Rank 0 writes
-``preflight.json`` into the job folder; the login side (hpc_train.preflight) judges it.
+``preflight.json`` into the job folder; the login side (hpc_train.fabric.preflight) judges it.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -61,13 +62,13 @@ def bandwidth(size: int, seconds: float, ranks: int) -> tuple[float, float]:
 
 def tournament(nodes: list[str]) -> list[list[tuple[str, str]]]:
     """Rounds of disjoint node pairs covering every pair once (circle method), so pairs run side by side."""
-    ring = list(nodes) + ([None] if len(nodes) % 2 else [])  # type: ignore[list-item]
-    rounds = []
+    ring: list[str | None] = [*nodes, *([None] if len(nodes) % 2 else [])]  # None: this round's bye
+    rounds: list[list[tuple[str, str]]] = []
     for _ in range(len(ring) - 1):
         pairs = [(ring[i], ring[-1 - i]) for i in range(len(ring) // 2)]
-        rounds.append([tuple(sorted(p)) for p in pairs if None not in p])  # type: ignore[misc]
+        rounds.append([(min(a, b), max(a, b)) for a, b in pairs if a is not None and b is not None])
         ring = [ring[0], ring[-1], *ring[1:-1]]
-    return rounds  # type: ignore[return-value]
+    return rounds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,45 +82,18 @@ def main(argv: list[str] | None = None) -> int:
 
     use_cuda = torch.cuda.is_available()  # NCCL where there are GPUs, gloo on CPU partitions
     backend = "nccl" if use_cuda else "gloo"
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
     dist.init_process_group(backend, timeout=datetime.timedelta(minutes=5))
     rank, world = dist.get_rank(), dist.get_world_size()
-    host = socket.gethostname()
     env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(FABRIC_PREFIXES)}
     everyone: list[dict] = [{} for _ in range(world)]
-    dist.all_gather_object(everyone, {"rank": rank, "host": host, "env": env})
+    dist.all_gather_object(everyone, {"rank": rank, "host": socket.gethostname(), "env": env})
     nodes = sorted({r["host"] for r in everyone})
-
-    rows = []
     sizes = sizes_up_to(parse_size(args.max_size))
-    for size in sizes:
-        tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
-        seconds = timed_allreduce(tensor, args.iters, args.warmup, None, device)
-        algbw, busbw = bandwidth(size, seconds, world)
-        rows.append({"bytes": size, "time_us": seconds * 1e6, "algbw_gbs": algbw, "busbw_gbs": busbw})
-        if rank == 0:
-            print(f"preflight: {size:>12} B  {seconds * 1e6:10.1f} us  algbw {algbw:8.3f} GB/s  busbw {busbw:8.3f} GB/s", flush=True)
-
-    # node pairs: every rank joins every new_group call (c10d requires it), then runs only its pair
-    pair_size = parse_size(args.pair_size) if args.pair_size else sizes[-1]
-    pairs = []
-    for round_ in tournament(nodes) if len(nodes) > 1 else []:
-        mine = None
-        for a, b in round_:
-            members = [r["rank"] for r in everyone if r["host"] in (a, b)]
-            group = dist.new_group(members)
-            if rank in members:
-                mine = (a, b, group, len(members))
-        if mine is not None:
-            a, b, group, n = mine
-            tensor = torch.ones(pair_size // 4, dtype=torch.float32, device=device)
-            seconds = timed_allreduce(tensor, args.iters, args.warmup, group, device)
-            pairs.append({"nodes": [a, b], "ranks": n, "bytes": pair_size, "time_us": seconds * 1e6,
-                          "busbw_gbs": bandwidth(pair_size, seconds, n)[1]})
-        dist.barrier()
+    rows = _all_ranks(sizes, args, device, rank, world)
+    pairs = _node_pairs(nodes, everyone, parse_size(args.pair_size) if args.pair_size else sizes[-1], args, device, rank)
     gathered: list[list] = [[] for _ in range(world)]
     dist.all_gather_object(gathered, pairs)
     if rank == 0:
@@ -138,6 +112,41 @@ def main(argv: list[str] | None = None) -> int:
         print(f"preflight: results in {out}", flush=True)
     dist.destroy_process_group()
     return 0
+
+
+def _all_ranks(sizes: list[int], args: argparse.Namespace, device: Any, rank: int, world: int) -> list[dict]:
+    """An all-reduce over every rank at each message size."""
+    rows = []
+    for size in sizes:
+        tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
+        seconds = timed_allreduce(tensor, args.iters, args.warmup, None, device)
+        algbw, busbw = bandwidth(size, seconds, world)
+        rows.append({"bytes": size, "time_us": seconds * 1e6, "algbw_gbs": algbw, "busbw_gbs": busbw})
+        if rank == 0:
+            print(f"preflight: {size:>12} B  {seconds * 1e6:10.1f} us  algbw {algbw:8.3f} GB/s  busbw {busbw:8.3f} GB/s",
+                  flush=True)
+    return rows
+
+
+def _node_pairs(nodes: list[str], everyone: list[dict], pair_size: int, args: argparse.Namespace, device: Any,
+                rank: int) -> list[dict]:
+    """Every pair of nodes on its own, disjoint pairs side by side; the pairs this rank took part in."""
+    pairs = []
+    for round_ in tournament(nodes) if len(nodes) > 1 else []:
+        mine = None
+        for a, b in round_:  # every rank joins every new_group call (c10d requires it), then runs only its pair
+            members = [r["rank"] for r in everyone if r["host"] in (a, b)]
+            group = dist.new_group(members)
+            if rank in members:
+                mine = (a, b, group, len(members))
+        if mine is not None:
+            a, b, group, n = mine
+            tensor = torch.ones(pair_size // 4, dtype=torch.float32, device=device)
+            seconds = timed_allreduce(tensor, args.iters, args.warmup, group, device)
+            pairs.append({"nodes": [a, b], "ranks": n, "bytes": pair_size, "time_us": seconds * 1e6,
+                          "busbw_gbs": bandwidth(pair_size, seconds, n)[1]})
+        dist.barrier()
+    return pairs
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Every rank writes its own shards into the checkpoint's ``engine/`` folder; the Checkpointer
 (checkpoint.py) does the rest exactly as for any backend: the folder is written under a temporary
 name, fsynced, renamed, and only then committed with its COMMIT marker, which records every file's
-size. So a requeued job restores only a checkpoint that every rank finished writing.
+size and content digest. So a requeued job restores only a checkpoint that every rank finished writing.
 
 Model and optimizer state are keyed by parameter name (``get_state_dict``), not by the optimizer's
 parameter index, so each pipeline stage's keys are distinct and a replicated tensor is written once.

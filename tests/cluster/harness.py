@@ -15,8 +15,8 @@ import os
 import shlex
 import shutil
 import subprocess
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Dict, Mapping, Optional, Sequence, Union
 
 HERE = Path(__file__).resolve().parent
 SANDBOX_SH = HERE / "sandbox.sh"
@@ -36,7 +36,7 @@ INSTALL_HINT = (
 )
 
 
-def _tail(text: Optional[str], lines: int = 40) -> str:
+def _tail(text: str | None, lines: int = 40) -> str:
     if not text:
         return ""
     return "\n".join(text.rstrip().splitlines()[-lines:])
@@ -53,9 +53,9 @@ def missing_binaries() -> list:
 class SandboxCluster:
     """Drives sandbox.sh; one instance per sandbox directory."""
 
-    def __init__(self, sandbox_dir: Optional[Union[str, os.PathLike]] = None,
-                 script: Optional[Union[str, os.PathLike]] = None,
-                 extra_env: Optional[Mapping[str, str]] = None,
+    def __init__(self, sandbox_dir: str | os.PathLike | None = None,
+                 script: str | os.PathLike | None = None,
+                 extra_env: Mapping[str, str] | None = None,
                  timeout: float = 300.0):
         if sandbox_dir is None:
             sandbox_dir = os.environ.get("HPC_TRAIN_SANDBOX_DIR", DEFAULT_SANDBOX_DIR)
@@ -79,14 +79,14 @@ class SandboxCluster:
         return self.sandbox_dir / "log"
 
     # -- script plumbing -----------------------------------------------------------------
-    def _script_env(self) -> Dict[str, str]:
+    def _script_env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update(self.extra_env)
         env["HPC_TRAIN_SANDBOX_DIR"] = str(self.sandbox_dir)
         env["PATH"] = env.get("PATH", "") + ":/usr/local/sbin:/usr/sbin:/sbin"
         return env
 
-    def _sandbox(self, action: str, timeout: Optional[float] = None,
+    def _sandbox(self, action: str, timeout: float | None = None,
                  check: bool = True) -> subprocess.CompletedProcess:
         cmd = ["bash", str(self.script), action]
         try:
@@ -106,7 +106,7 @@ class SandboxCluster:
         return proc
 
     # -- lifecycle -----------------------------------------------------------------------
-    def up(self) -> Dict[str, str]:
+    def up(self) -> dict[str, str]:
         """Start the cluster (idempotent); returns env()."""
         missing = missing_binaries()
         if missing:
@@ -138,14 +138,14 @@ class SandboxCluster:
     def status(self) -> str:
         return self._sandbox("status", timeout=30, check=False).stdout
 
-    def env(self) -> Dict[str, str]:
+    def env(self) -> dict[str, str]:
         """Environment variables a client (sbatch, srun, submitit) needs."""
         return {"SLURM_CONF": self.slurm_conf}
 
     # -- commands against the cluster ----------------------------------------------------
-    def run(self, cmd: Union[str, Sequence[str]], check: bool = True,
-            timeout: Optional[float] = 120.0, env: Optional[Mapping[str, str]] = None,
-            cwd: Optional[Union[str, os.PathLike]] = None) -> subprocess.CompletedProcess:
+    def run(self, cmd: str | Sequence[str], check: bool = True,
+            timeout: float | None = 120.0, env: Mapping[str, str] | None = None,
+            cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
         """Run a command (a shell string, or an argv list) with SLURM_CONF set.
 
         Returns the CompletedProcess (text stdout/stderr). With check=True a non-zero exit

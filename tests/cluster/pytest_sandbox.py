@@ -24,9 +24,7 @@ from pathlib import Path
 
 import pytest
 
-
-
-from tests.cluster import harness  # noqa: E402
+from tests.cluster import harness
 
 SandboxCluster = harness.SandboxCluster
 
@@ -51,7 +49,7 @@ def _prune_old_job_dirs(jobs_dir: Path, max_age_s: float = 24 * 3600) -> None:
             pass
 
 
-def _acquire() -> "harness.SandboxCluster":
+def _acquire() -> harness.SandboxCluster:
     if _STATE["users"] > 0:
         _STATE["users"] += 1
         return _STATE["cluster"]

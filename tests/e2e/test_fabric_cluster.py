@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from hpc_train.config.models import Preflight
-from hpc_train.preflight import evaluate
+from hpc_train.fabric.preflight import evaluate
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.e2e

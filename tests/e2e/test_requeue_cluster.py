@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpc_train.handle import RELEASE_MARGIN_S, held_after_requeue
+from hpc_train.jobs.handle import RELEASE_MARGIN_S, held_after_requeue
 from tests.conftest import REPO, write
 
 pytestmark = pytest.mark.e2e
@@ -150,3 +150,61 @@ def test_restart_budget_stops_a_job_that_always_fails(slurm_cluster, sandbox_job
     assert "restart budget exhausted (2 restarts)" in text
     assert int((sandbox_job_root / job / "runs").read_text()) == 3
     assert "FAILED" in out.stderr
+
+
+def runs_of(job_root: Path, job_id: str) -> int:
+    try:
+        return int((job_root / job_id / "runs").read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+def watched_state(job_id: str, timeout: float) -> str:
+    """The job's end as the one poller tells it (``status --watch``: releases held requeues, confirms ends)."""
+    out = hpc("status", job_id, "--watch", timeout=timeout)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_crossing_requeues_end_with_the_last_runs_outcome(slurm_cluster, sandbox_job_root):
+    """The race CI once lost, repeated: the ranks' own requeue crossing an administrator's, with the stop
+    signal sent to the batch shell and to every step, then a time limit. Whatever the order, the job's
+    state is its last run's outcome, and the result is as if nothing happened."""
+    steps = 900
+    reference = submit(sandbox_job_root, "torchrun", "--no-requeue", steps=steps)
+    job = submit(sandbox_job_root, "torchrun", "--signal-grace", "60", "--checkpoint-every", "25", "--max-restarts", "12",
+                 script_args=("--step-seconds", "0.04"), steps=steps)
+    crossings = [["scancel", "--batch", "--signal=USR2", job], ["scancel", "--signal=USR2", job]] * 2
+    for run, signal_cmd in enumerate(crossings, start=1):
+        wait_for(lambda run=run: progress(sandbox_job_root, job, run) >= 20, 240, f"run {run} to train", release=job)
+        subprocess.run(signal_cmd, check=True)
+        time.sleep(0.3 * run)  # the ranks are stopping, saving or requeueing when the administrator strikes
+        subprocess.run(["scontrol", "requeue", job], capture_output=True)  # refused once the job already requeued
+        wait_for(lambda run=run: runs_of(sandbox_job_root, job) > run, 240, f"run {run + 1} to start", release=job)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=2"], check=True, capture_output=True)
+    told = watched_state(job, timeout=900)
+    text = log_text(sandbox_job_root, job)
+    assert "COMPLETED" in told and state(job) == "COMPLETED", told + "\n" + text[-3000:]
+    runs = runs_of(sandbox_job_root, job)
+    assert (sandbox_job_root / job / "last_run").read_text().split() == [str(runs), "0", "ended"]
+    time.sleep(5)  # a rank of an earlier run requeueing late would bring the finished job back now
+    assert state(job) == "COMPLETED" and runs_of(sandbox_job_root, job) == runs
+    wait_for(lambda: state(reference) in ("COMPLETED", "FAILED"), 300, "the reference job")
+    assert_identical(final_params(sandbox_job_root, reference), final_params(sandbox_job_root, job))
+
+
+@pytest.mark.parametrize("backend", ["deepspeed", "horovod", "mpi"])
+def test_a_stop_signal_to_every_step_is_survived_by_every_launcher(slurm_cluster, sandbox_job_root, backend):
+    """``scancel --signal=USR2 JOB`` reaches the ranks and whatever launched them: the same clean stop,
+    save and requeue as the batch shell's warning (torchrun's launcher: the crossing test above)."""
+    reference = submit(sandbox_job_root, backend, "--no-requeue")
+    job = submit(sandbox_job_root, backend, "--checkpoint-every", "50", script_args=("--step-seconds", "0.03"))
+    wait_for(lambda: progress(sandbox_job_root, job, 1) >= 40, 240, "run 1 to train")
+    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    told = watched_state(job, timeout=400)
+    text = log_text(sandbox_job_root, job)
+    assert "COMPLETED" in told, told + "\n" + text[-3000:]
+    assert "stopping at step" in text and "signal SIGUSR2" in text
+    assert "User defined signal 2" not in text and runs_of(sandbox_job_root, job) == 2
+    wait_for(lambda: state(reference) in ("COMPLETED", "FAILED"), 300, "the reference job")
+    assert_identical(final_params(sandbox_job_root, reference), final_params(sandbox_job_root, job))

@@ -84,7 +84,7 @@ def test_a_2x3_sweep_runs_six_tasks_each_with_its_own_overrides_and_folder(slurm
 
 def test_a_sweep_over_max_array_size_is_split_runs_everything_and_resubmits_failures(slurm_cluster, sandbox_job_root):
     import hpc_train
-    from hpc_train.sweep import max_array_size
+    from hpc_train.sweeps.arrays import max_array_size
 
     limit = max_array_size()
     assert limit == 8, "tests/cluster/sandbox.sh sets MaxArraySize=8"

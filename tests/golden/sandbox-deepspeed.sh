@@ -23,6 +23,7 @@ export HPC_TRAIN_JOB_ROOT=/tmp/hpc_train-sandbox/jobs  # hpc_train
 export HPC_TRAIN_NODES=2  # hpc_train
 export HPC_TRAIN_PROCS_PER_NODE=1  # hpc_train
 export HPC_TRAIN_SITE=sandbox  # hpc_train
+export HPC_TRAIN_STOP_SIGNAL=USR2  # hpc_train
 export OMP_NUM_THREADS=4  # backend deepspeed
 export PYTHONUNBUFFERED=1  # site
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1  # site
@@ -39,8 +40,10 @@ export MASTER_PORT=$(( 29500 + SLURM_JOB_ID % 2000 ))
 # folder (SLURM_RESTART_COUNT is unreliable in array jobs).
 export HPC_TRAIN_STOP_FILE="${HPC_TRAIN_JOB_FOLDER}/stop_requested"
 export HPC_TRAIN_REQUEUED_FILE="${HPC_TRAIN_JOB_FOLDER}/requeue_requested"
+# rank 0 writes why when a failure would only repeat (a full disk, no checkpoint loads): no requeue
+export HPC_TRAIN_NO_RETRY_FILE="${HPC_TRAIN_JOB_FOLDER}/no_retry"
 mkdir -p "${HPC_TRAIN_JOB_FOLDER}"
-rm -f "${HPC_TRAIN_STOP_FILE}" "${HPC_TRAIN_REQUEUED_FILE}"
+rm -f "${HPC_TRAIN_STOP_FILE}" "${HPC_TRAIN_REQUEUED_FILE}" "${HPC_TRAIN_NO_RETRY_FILE}"
 HPC_TRAIN_RUN=$(( $(cat "${HPC_TRAIN_JOB_FOLDER}/runs" 2>/dev/null || echo 0) + 1 ))
 echo "${HPC_TRAIN_RUN}" > "${HPC_TRAIN_JOB_FOLDER}/runs"
 export HPC_TRAIN_RUN HPC_TRAIN_MAX_RESTARTS=5
@@ -74,8 +77,11 @@ while :; do
     if [ "${status}" -gt 128 ] && kill -0 "${hpc_train_step}" 2>/dev/null; then continue; fi
     break
 done
+# how this run ended, for the login side: a job that looks finished after a requeued run is not
 if [ -e "${HPC_TRAIN_REQUEUED_FILE}" ]; then
+    echo "${HPC_TRAIN_RUN} ${status} requeued" > "${HPC_TRAIN_JOB_FOLDER}/last_run" || true
     # Slurm ends this run itself (JOB REQUEUE); exiting first could finish the job instead
     sleep 300 & wait $! || true
 fi
+echo "${HPC_TRAIN_RUN} ${status} ended" > "${HPC_TRAIN_JOB_FOLDER}/last_run" || true  # a full disk must not change the status
 exit "${status}"

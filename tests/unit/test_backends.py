@@ -10,8 +10,8 @@ import pytest
 from hpc_train.api import make_job
 from hpc_train.config.loader import load_site
 from hpc_train.errors import ConfigError
-from hpc_train.plan import build_plan
-from hpc_train.renderer import render
+from hpc_train.submission.plan import build_plan
+from hpc_train.submission.renderer import render
 from tests.conftest import write
 
 

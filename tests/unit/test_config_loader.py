@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_train.config.loader import default_search_dirs, load_site, SiteRegistry
+from hpc_train.config.loader import SiteRegistry, default_search_dirs, load_site
 from hpc_train.errors import ConfigError, UnknownNameError
 from tests.conftest import write
 

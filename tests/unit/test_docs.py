@@ -4,9 +4,9 @@ import inspect
 import os
 import re
 
-from hpc_train import hookspecs
 from hpc_train.cli import COMMANDS
-from hpc_train.plugins import hook_reference
+from hpc_train.plugin import hookspecs
+from hpc_train.plugin.manager import hook_reference
 from tests.conftest import REPO
 
 PLUGINS_MD = REPO / "docs" / "plugins.md"

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from hpc_train import doctor
-from hpc_train.doctor import FAIL, OK, WARN, Context
+from hpc_train.fabric import doctor
+from hpc_train.fabric.doctor import FAIL, OK, WARN, Context
+from hpc_train.plugin.backend import Backend
 from tests.conftest import REPO, write
 
 DATA = Path(__file__).resolve().parent / "data" / "nvidia_smi"
@@ -197,9 +198,16 @@ def test_slurm_partition_state(plugins):
 
 def test_packages_per_backend(plugins):
     have = {"torch": "2.13.0"}
-    check = doctor.check_packages({"torchrun": object, "deepspeed": object}, installed=have.get)
+    builtins = {name: plugins.backend(name) for name in ("torchrun", "deepspeed")}  # each declares `requires`
+    check = doctor.check_packages(builtins, installed=have.get)
     assert check.status == WARN and "torchrun" in check.summary and "deepspeed (needs deepspeed)" in check.summary
-    assert doctor.check_packages({"torchrun": object}, installed={}.get).status == FAIL
+    assert doctor.check_packages({"torchrun": builtins["torchrun"]}, installed={}.get).status == FAIL
+
+    class Mine(Backend):  # a third-party backend's own declaration is what doctor checks
+        name = "mine"
+        requires = ("torch", "mine-framework")
+
+    assert "mine (needs mine-framework)" in doctor.check_packages({"mine": Mine}, installed=have.get).summary
 
 
 def test_doctor_cli_on_this_machine_without_gpu(python_env):

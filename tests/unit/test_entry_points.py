@@ -7,13 +7,13 @@ import os
 import subprocess
 import sys
 
-from hpc_train.entry_points import EntryPoint, entry_points
+from hpc_train.plugin.entry_points import EntryPoint, entry_points
 from tests.conftest import write
 
 PROBE = """
 import json, sys
 sys.path[:0] = {extra!r}
-from hpc_train.entry_points import entry_points
+from hpc_train.plugin.entry_points import entry_points
 eps = entry_points("hpc_train")
 print(json.dumps({{"eps": [[e.name, e.value, e.distribution, e.version] for e in eps],
                    "metadata": "importlib.metadata" in sys.modules}}))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 
-from hpc_train.follow import _Source, print_logs, task_ranks
-from hpc_train.handle import JobHandle, JobRecord
+from hpc_train.jobs.follow import _Source, print_logs, task_ranks
+from hpc_train.jobs.handle import JobHandle, JobRecord
 
 
 def handle_for(folder, nodes=2, procs=2, tasks=1) -> JobHandle:

@@ -4,9 +4,9 @@ import subprocess
 
 import pytest
 
-from hpc_train import handle as handle_module
-from hpc_train import slurm_cmd
-from hpc_train.handle import JobHandle, JobRecord, held_after_requeue
+from hpc_train.jobs import handle as handle_module
+from hpc_train.jobs.handle import JobHandle, JobRecord, held_after_requeue
+from hpc_train.submission import slurm_cmd
 
 
 @pytest.mark.parametrize("state,reason,held", [

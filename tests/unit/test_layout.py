@@ -10,8 +10,9 @@ import pytest
 from hpc_train.api import make_job
 from hpc_train.config.loader import load_site
 from hpc_train.errors import ConfigError, UsageError
-from hpc_train.layout import Layout, canonical, parse, problems
-from hpc_train.plan import build_plan
+from hpc_train.submission.layout import Layout, canonical, parse, problems
+from hpc_train.submission.plan import build_plan
+from hpc_train.testing import make_plugins
 from tests.conftest import REPO
 
 
@@ -53,13 +54,16 @@ def test_mesh_order_keeps_tp_innermost():
 
 
 def check(value, nodes=2, procs=2, gpus=0, backend="torchrun", backend_axes=None):
+    axes = {name: cls.parallel_axes for name, cls in make_plugins().backends.items()}  # what the plugins declare
+    if backend_axes is not None:
+        axes[backend] = backend_axes
     return problems(value, nodes=nodes, procs_per_node=procs, gpus_per_node=gpus, backend=backend,
-                    backend_axes=backend_axes)
+                    axes_by_backend=axes)
 
 
 def test_layout_must_fill_the_job():
     assert check("dp=2,tp=2") == (Layout(2, 2, 1), [])
-    layout, found = check("dp=2,tp=4")
+    _layout, found = check("dp=2,tp=4")
     assert [m for m, _ in found] == ["dp=2,tp=4,pp=1 is 8 processes, but the job has 4 (2 nodes x 2 per node)"]
 
 

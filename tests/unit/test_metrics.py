@@ -11,7 +11,15 @@ import torch
 from hpc_train.runtime.base import BackendRuntime
 from hpc_train.runtime.context import Context
 from hpc_train.runtime.environment import detect
-from hpc_train.runtime.metrics import JSONL, PROM, TB_DIR, MetricsRecorder, batch_size, enabled, union_seconds
+from hpc_train.runtime.metrics import (
+    JSONL,
+    PROM,
+    TB_DIR,
+    MetricsRecorder,
+    batch_size,
+    enabled,
+    union_seconds,
+)
 from hpc_train.runtime.options import RuntimeOptions
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_train import nccl
 from hpc_train.api import make_job
 from hpc_train.config.loader import load_site
 from hpc_train.errors import ConfigError
-from hpc_train.plan import build_plan
+from hpc_train.fabric import nccl
+from hpc_train.submission.plan import build_plan
 from tests.conftest import write
 
 SITE = """\
@@ -77,7 +77,7 @@ def test_typo_in_the_job_env_is_an_error():
 
 def test_extends_of_an_unknown_profile_or_a_cycle_is_an_error(site_dir):
     path = write(site_dir / "fab.yaml", SITE.replace("extends: ib\n", "extends: ibb\n"))
-    with pytest.raises(ConfigError, match="ib-sharp: extends unknown NCCL profile 'ibb'.*did you mean 'ib'"):
+    with pytest.raises(ConfigError, match=r"ib-sharp: extends unknown NCCL profile 'ibb'.*did you mean 'ib'"):
         load_site(str(path))
     cyclic = SITE.replace("  ib:\n", "  ib:\n    extends: ib-sharp\n")
     with pytest.raises(ConfigError, match="inheritance cycle"):
@@ -119,7 +119,7 @@ def test_job_env_beats_the_profile(plugins, site_dir):
 
 
 def test_unknown_profile_and_overlay_are_reported(plugins, site_dir):
-    with pytest.raises(ConfigError, match="no NCCL profile 'ib-shrp'.*did you mean 'ib-sharp'"):
+    with pytest.raises(ConfigError, match=r"no NCCL profile 'ib-shrp'.*did you mean 'ib-sharp'"):
         plan_for(plugins, site_dir, nccl_profile="ib-shrp")
     with pytest.raises(ConfigError, match="no NCCL profile 'tracing' to overlay"):
         plan_for(plugins, site_dir, nccl_profile="ib+tracing")

@@ -7,7 +7,7 @@ import pytest
 from hpc_train.api import make_job
 from hpc_train.config.loader import load_site
 from hpc_train.errors import ConfigError, UnknownNameError
-from hpc_train.plan import build_plan
+from hpc_train.submission.plan import build_plan
 
 
 def plan(plugins, site="bluecloud", **options):
@@ -121,7 +121,7 @@ def test_passthrough_sbatch_and_policy_hooks(plugins):
 
 
 def test_requeue_policy_from_site_and_job(plugins):
-    from hpc_train.renderer import render
+    from hpc_train.submission.renderer import render
 
     p = plan(plugins, site="sandbox", time="00:10:00", checkpoint_every=50, max_restarts=2)
     directives = dict(p.directives)

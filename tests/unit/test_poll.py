@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from hpc_train.poll import CONFIRM_S, REQUEUED_CONFIRM_S, Backoff, EndRule, RunOutcome
+from hpc_train.jobs.poll import (
+    CONFIRM_S,
+    REQUEUED_CONFIRM_S,
+    Backoff,
+    EndRule,
+    RunOutcome,
+)
 
 
 def job_folder(tmp_path: Path, runs: int, last_run: str | None) -> Path:

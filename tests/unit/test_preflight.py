@@ -8,7 +8,7 @@ import pytest
 
 from hpc_train.config.loader import load_site
 from hpc_train.config.models import Preflight
-from hpc_train.preflight import (
+from hpc_train.fabric.preflight import (
     evaluate,
     expected_for,
     find_slow_nodes,

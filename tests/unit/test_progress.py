@@ -6,9 +6,9 @@ import io
 import json
 from pathlib import Path
 
-from hpc_train import progress
-from hpc_train.handle import JobRecord
-from hpc_train.progress import Snapshot, events
+from hpc_train.jobs import progress
+from hpc_train.jobs.handle import JobRecord
+from hpc_train.jobs.progress import Snapshot, events
 
 
 def test_a_requeued_job_tells_its_whole_story():

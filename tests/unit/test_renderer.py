@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
@@ -11,9 +10,10 @@ import pytest
 from hpc_train.api import make_job
 from hpc_train.config.loader import load_site
 from hpc_train.errors import ConfigError, TemplateError
-from hpc_train.plan import build_plan
-from hpc_train.renderer import render
-from hpc_train.shell import quote, sbatch_line
+from hpc_train.submission.plan import build_plan
+from hpc_train.submission.renderer import render
+from hpc_train.submission.shell import quote, sbatch_line
+from hpc_train.testing import assert_golden
 from tests.conftest import write
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
@@ -42,11 +42,7 @@ def render_job(plugins, site, backend="torchrun", **options):
 @pytest.mark.parametrize("site", sorted(SITES))
 def test_golden_scripts(plugins, alice, site, backend):
     text = render_job(plugins, site, backend, **SITES[site])
-    golden = GOLDEN / f"{site}-{backend}.sh"
-    if os.environ.get("UPDATE_GOLDEN") == "1":
-        golden.write_text(text)
-    assert golden.exists(), f"missing golden file {golden}; run with UPDATE_GOLDEN=1"
-    assert text == golden.read_text(), f"{golden.name} changed; inspect and rerun with UPDATE_GOLDEN=1"
+    assert_golden(text, GOLDEN / f"{site}-{backend}.sh")  # the mechanism plugin authors get (hpc_train.testing)
 
 
 def test_rendering_is_deterministic(plugins, alice):

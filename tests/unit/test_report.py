@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hpc_train import report
+from hpc_train.jobs import report
 from tests.conftest import REPO
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -51,8 +51,13 @@ def _worker(rank: int, port: int, folder: str) -> None:
 
     import hpc_train.runtime as rt
     from hpc_train.runtime import sharded_checkpoint
-    from hpc_train.runtime.parallel import Pipeline, average_gradients, build_mesh, dp_all_reduce_mean
-    from hpc_train.layout import Layout
+    from hpc_train.runtime.parallel import (
+        Pipeline,
+        average_gradients,
+        build_mesh,
+        dp_all_reduce_mean,
+    )
+    from hpc_train.submission.layout import Layout
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HPC_TRAIN_PARALLEL="dp=2,tp=2",
@@ -117,10 +122,11 @@ def _free_port() -> int:
 def test_mesh_tensor_parallel_pipeline_and_sharded_checkpoint_match_one_process(tmp_path):
     # fork: the workers inherit this process's imports (spawning 4 fresh interpreters that each import
     # torch and its distributed packages costs ~25 CPU-seconds); each worker sets one thread first
-    import hpc_train.runtime  # noqa: F401
-    import torch.distributed.checkpoint  # noqa: F401
-    import torch.distributed.pipelining  # noqa: F401
+    import torch.distributed.checkpoint
+    import torch.distributed.pipelining
     import torch.distributed.tensor.parallel  # noqa: F401
+
+    import hpc_train.runtime  # noqa: F401
 
     mp.start_processes(_worker, args=(_free_port(), str(tmp_path / "ckpt")), nprocs=WORLD, join=True,
                        start_method="fork")

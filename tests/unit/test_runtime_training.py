@@ -29,7 +29,7 @@ def test_grad_accumulation_steps_every_n_and_matches_a_big_batch():
     model, x, y = model_and_data()
     reference = [p.detach().clone() for p in model.parameters()]
     ctx = make_ctx(grad_accum=4)
-    model, opt = ctx.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    model, _opt = ctx.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
     stepped = []
     for chunk_x, chunk_y in zip(x.chunk(4), y.chunk(4)):
         ctx.backward(torch.nn.functional.mse_loss(model(chunk_x), chunk_y))
@@ -47,7 +47,7 @@ def test_grad_accumulation_steps_every_n_and_matches_a_big_batch():
 def test_grad_clip_bounds_the_update():
     model, x, y = model_and_data()
     ctx = make_ctx(grad_clip=0.01)
-    model, opt = ctx.prepare(model, torch.optim.SGD(model.parameters(), lr=1.0))
+    model, _opt = ctx.prepare(model, torch.optim.SGD(model.parameters(), lr=1.0))
     before = torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
     ctx.backward(1000 * torch.nn.functional.mse_loss(model(x), y))
     ctx.step()
@@ -59,7 +59,7 @@ def test_grad_clip_bounds_the_update():
 def test_precision_runs_forward_in_that_dtype(precision, dtype):
     model, x, y = model_and_data()
     ctx = make_ctx(precision=precision)
-    model, opt = ctx.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    model, _opt = ctx.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
     out = model(x)
     assert out.dtype == dtype
     assert (ctx.runtime.scaler is not None) == (precision == "fp16")  # loss scaling only for fp16

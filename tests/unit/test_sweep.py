@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpc_train.errors import ConfigError, UsageError
-from hpc_train.sweep import (
+from hpc_train.sweeps.arrays import (
     ArrayPart,
     array_directives,
     env_name,
@@ -115,8 +116,7 @@ def test_an_array_script_renders_the_array_its_logs_and_the_overrides(tmp_path: 
 
     plan = _sandbox_plan(tmp_path, plugins, after=["41", "42_3"])
     part = ArrayPart(str(tmp_path / "sw"), list(range(8, 10)), [{"lr": str(i)} for i in range(10)])
-    plan.sweep = part
-    plan.directives = array_directives(plan, part, limit=4, after_array="99")
+    plan = dataclasses.replace(plan, sweep=part, directives=array_directives(plan, part, limit=4, after_array="99"))
     text = render_plan(plan, plugins)
     assert "#SBATCH --array=0-1\n" in text  # a limit above the array's size is no limit
     assert "#SBATCH --dependency=afterok:41:42_3,afterany:99\n" in text
@@ -158,11 +158,11 @@ def test_env_names_are_prefixed_and_shell_safe():
     assert env_name("lr") == "HPC_TRAIN_SWEEP_LR"
 
 
-def test_hpc_train_sweep_is_callable_before_and_after_its_module_is_imported():
+def test_hpc_train_sweep_is_the_api_function_before_and_after_the_sweeps_modules_are_imported():
     import hpc_train
-    import hpc_train.sweep as module
+    import hpc_train.sweeps.submit
 
-    assert callable(hpc_train.sweep) and callable(module)
+    assert callable(hpc_train.sweep) and hpc_train.sweep is hpc_train.api.sweep  # not shadowed by a module
     with pytest.raises(UsageError, match="max_concurrent"):
         hpc_train.sweep("x.py", over={"lr": [1]}, max_concurrent=0)
 
@@ -195,7 +195,7 @@ def test_each_array_of_a_split_sweep_waits_only_for_the_one_before(tmp_path: Pat
     (tmp_path / "scripts").mkdir()
     monkeypatch.setenv("SCRIPTS", str(tmp_path / "scripts"))
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setattr("hpc_train.sweep.max_array_size", lambda slurm_conf=None: 2)
+    monkeypatch.setattr("hpc_train.sweeps.arrays.max_array_size", lambda slurm_conf=None: 2)
     from hpc_train.api import render_plan
 
     plan = _sandbox_plan(tmp_path, plugins)

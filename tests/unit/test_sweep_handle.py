@@ -7,8 +7,8 @@ import subprocess
 import pytest
 
 from hpc_train.errors import UsageError
-from hpc_train.poll import CONFIRM_S
-from hpc_train.sweep_handle import SweepHandle, SweepRecord, expand_after, parse_states
+from hpc_train.jobs.poll import CONFIRM_S
+from hpc_train.sweeps.handle import SweepHandle, SweepRecord, expand_after, parse_states
 
 # recorded from the sandbox (Slurm 22.05): squeue -h -r --states=all -j 214 -o '%i|%T|%r', sacct -X -n -P
 SQUEUE = "214_1|COMPLETED|None\n214_3|RUNNING|None\n214_0|PENDING|JobArrayTaskLimit\n214_2|FAILED|NonZeroExitCode\n"
@@ -78,7 +78,7 @@ def test_tasks_the_controller_forgot_are_asked_of_sacct_once():
 
 def test_with_requeue_an_end_counts_only_when_seen_again_later(monkeypatch):
     clock = [100.0]
-    monkeypatch.setattr("hpc_train.sweep_handle.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("hpc_train.sweeps.handle.time.monotonic", lambda: clock[0])
     scheduler = Scheduler({("9", 0): "FAILED"})
     handle = SweepHandle(record(1, [{"job_id": "9", "tasks": [0]}], requeue=True), runner=scheduler)
     handle.poll()

@@ -5,7 +5,7 @@ inside its own try/except: a broken plugin is recorded and reported, the rest ke
 ``HPC_TRAIN_DISABLE_PLUGINS=name1,name2`` switches entry points off by name.
 
 Site scoping lives here, so every caller gets it: a plugin's per-job hooks
-(:data:`hpc_train.hookspecs.SITE_SCOPED_HOOKS`) are called only for the sites it serves.
+(:data:`hpc_train.plugin.hookspecs.SITE_SCOPED_HOOKS`) are called only for the sites it serves.
 """
 
 from __future__ import annotations
@@ -22,17 +22,17 @@ from typing import TYPE_CHECKING, Any
 
 import pluggy
 
-from hpc_train import hookspecs
-from hpc_train.entry_points import entry_points
 from hpc_train.errors import PluginError, UnknownNameError
+from hpc_train.plugin import hookspecs
+from hpc_train.plugin.entry_points import entry_points
 
 if TYPE_CHECKING:
-    from hpc_train.backend import Backend
     from hpc_train.config.job import JobSpec
     from hpc_train.config.models import SiteConfig
-    from hpc_train.handle import JobHandle
-    from hpc_train.hookspecs import CliCommand
-    from hpc_train.plan import JobPlan
+    from hpc_train.jobs.handle import JobHandle
+    from hpc_train.plugin.backend import Backend
+    from hpc_train.plugin.hookspecs import CliCommand
+    from hpc_train.submission.plan import JobPlan
 
 ENTRY_POINT_GROUP = "hpc_train"
 SITE_SUFFIXES = (".yaml", ".yml")
@@ -108,7 +108,7 @@ def _site_name(site: SiteConfig | str) -> str:
     return site if isinstance(site, str) else site.name
 
 
-def _names(value: object, plugin: str, hook: str) -> list[str]:
+def _names(value: object, plugin: str, hook: str) -> list[Any]:
     """A hook's list result, with the mistake of returning a bare string caught."""
     if value is None:
         return []
@@ -176,8 +176,8 @@ class Plugins:
         owner: dict[str, tuple[str, Path]] = {}
         for impl in self.pm.hook.hpc_train_site_dirs.get_hookimpls():  # registration order
             mine = files.by_plugin.setdefault(impl.plugin_name, {})
-            for folder in _names(impl.function(), impl.plugin_name, "hpc_train_site_dirs"):
-                folder = Path(folder)
+            for name in _names(impl.function(), impl.plugin_name, "hpc_train_site_dirs"):
+                folder = Path(name)
                 files.dirs.append((folder, impl.plugin_name))
                 if not folder.is_dir():
                     continue

@@ -13,7 +13,6 @@ process find the sweep by its id: the job id of its first array.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import time
@@ -23,11 +22,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpc_train import slurm_cmd
 from hpc_train.errors import UsageError
-from hpc_train.handle import save_record, state_dir
-from hpc_train.poll import LAST_RUN_FILE, RUNS_FILE, EndRule
-from hpc_train.states import ACTIVE_STATES, FINAL_OK, RELEASE_MARGIN_S
+from hpc_train.jobs.handle import save_record, state_dir
+from hpc_train.jobs.poll import LAST_RUN_FILE, RUNS_FILE, EndRule
+from hpc_train.jobs.states import ACTIVE_STATES, FINAL_OK, RELEASE_MARGIN_S
+from hpc_train.submission import slurm_cmd
+
 TASK_ID = re.compile(r"^(?P<array>\d+)_(?:(?P<index>\d+)|\[(?P<ranges>[^\]]*)\])$")
 
 
@@ -153,7 +153,7 @@ class SweepHandle:
         self._run: Runner = runner or (lambda cmd: slurm_cmd.run(cmd, record.slurm_conf))
         self._seen: dict[int, tuple[str, str]] = {}  # task -> (state, reason) from the last cycle
         self._final: dict[int, str] = {}  # tasks that have ended for good
-        self._end_rules: dict[int, EndRule] = {}  # per task: is an ended-looking state final (hpc_train.poll)
+        self._end_rules: dict[int, EndRule] = {}  # per task: is an ended-looking state final (hpc_train.jobs.poll)
         self._held_since: dict[int, float] = {}
         self.calls = 0  # squeue/sacct calls made by this handle
         self.cycles = 0
@@ -308,11 +308,11 @@ class SweepHandle:
     def resubmit(self, tasks: Iterable[int] | None = None, plugins: Any = None) -> list[str]:
         """Submit again the failed tasks (or ``tasks``), in the same task folders, so they resume from
         their checkpoints; returns the new arrays' job ids."""
-        from hpc_train.api import render_plan
         from hpc_train.config.job import JobSpec
         from hpc_train.config.validate import validate
-        from hpc_train.plugins import default_plugins
-        from hpc_train.sweep import submit_arrays, sweep_plan
+        from hpc_train.plugin.manager import default_plugins
+        from hpc_train.submission.prepare import render_plan
+        from hpc_train.sweeps.arrays import submit_arrays, sweep_plan
 
         chosen = sorted(set(tasks)) if tasks is not None else self.failed()
         if not chosen:

@@ -6,7 +6,7 @@ import re
 import shlex
 from collections.abc import Iterable
 
-from hpc_train.backend import Raw
+from hpc_train.plugin.backend import Raw
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 

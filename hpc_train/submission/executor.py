@@ -8,6 +8,7 @@ The ``local`` site uses submitit's local executor: the same plan, on this machin
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
@@ -22,8 +23,8 @@ import submitit
 from submitit.core.utils import FailedJobError, FailedSubmissionError
 
 from hpc_train.errors import SchedulerError, UsageError
-from hpc_train.handle import JobHandle, JobRecord
-from hpc_train.plan import JobPlan
+from hpc_train.jobs.handle import JobHandle, JobRecord
+from hpc_train.submission.plan import JobPlan
 
 DEFAULT_LOCAL_TIMEOUT_MIN = 7 * 24 * 60
 
@@ -157,8 +158,7 @@ def _submit_slurm(plan: JobPlan, render: Callable[[JobPlan], str], fn: Any, args
             raise SchedulerError(tool, f"{tool} not found on PATH", "run this on a login node of the cluster, or load its Slurm module")
 
     def render_with(command: str) -> str:
-        plan.function_command = command if plan.kind == "function" else None
-        return render(plan)
+        return render(dataclasses.replace(plan, function_command=command if plan.kind == "function" else None))
 
     _make_job_root(plan)
     executor = TemplateSlurmExecutor(plan.folder, render_with, python=plan.python)

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from hpc_train.handle import JobHandle
-from hpc_train.poll import JobPoller
+from hpc_train.jobs.handle import JobHandle
+from hpc_train.jobs.poll import JobPoller
 
 
 def task_ranks(handle: JobHandle, task: int) -> str:

@@ -16,10 +16,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from hpc_train import slurm_cmd
+from hpc_train import contract
 from hpc_train.errors import SchedulerError, UsageError
-from hpc_train.poll import JobPoller, runs_started
-from hpc_train.states import ACTIVE_STATES, FINAL_OK, PENDING_STATES, RELEASE_MARGIN_S, held_after_requeue
+from hpc_train.jobs.poll import JobPoller, runs_started
+from hpc_train.jobs.states import (
+    ACTIVE_STATES,
+    FINAL_OK,
+    PENDING_STATES,
+    RELEASE_MARGIN_S,
+    held_after_requeue,
+)
+from hpc_train.submission import slurm_cmd
 
 __all__ = ["ACTIVE_STATES", "FINAL_OK", "PENDING_STATES", "RELEASE_MARGIN_S", "JobHandle", "JobRecord", "held_after_requeue"]
 
@@ -122,7 +129,7 @@ class JobHandle:
 
     def _ensure_scheduler_env(self) -> None:
         # only for submitit's own calls (results of function jobs): it reads the process environment
-        # and takes no env of its own; our commands pass SLURM_CONF per call (hpc_train.slurm_cmd)
+        # and takes no env of its own; our commands pass SLURM_CONF per call (hpc_train.submission.slurm_cmd)
         if self.record.slurm_conf:
             os.environ["SLURM_CONF"] = self.record.slurm_conf
 
@@ -188,7 +195,7 @@ class JobHandle:
 
     @property
     def checkpoint_dir(self) -> Path:
-        return Path(self.record.folder) / "checkpoints"
+        return Path(self.record.folder) / contract.CHECKPOINTS
 
     def release_if_held(self, info: dict[str, str] | None = None) -> bool:
         """A requeued job waits ~2 minutes (BeginTime); start it sooner where the site allows it.

@@ -7,7 +7,7 @@ all of them as JSON in ``HPC_TRAIN_SWEEP_OVERRIDES``). Each task has its own fol
 
 A sweep larger than the cluster's MaxArraySize becomes several arrays (read once per process from
 ``scontrol show config``); a ``%`` concurrency limit stays a limit on the whole sweep by starting
-each further array after the one before it. The handle (hpc_train.sweep_handle) treats them as one.
+each further array after the one before it. The handle (hpc_train.sweeps.handle) treats them as one.
 """
 
 from __future__ import annotations
@@ -19,25 +19,21 @@ import json
 import os
 import re
 import secrets
-import subprocess
-import sys
 import time
-import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpc_train.backend import Raw
-from hpc_train import slurm_cmd
 from hpc_train.errors import SchedulerError, UsageError
-from hpc_train.shell import join, quote
+from hpc_train.plugin.backend import Raw
+from hpc_train.submission import slurm_cmd
+from hpc_train.submission.shell import join, quote
 
 if TYPE_CHECKING:
     from hpc_train.config.job import JobSpec
-    from hpc_train.plan import JobPlan
-    from hpc_train.plugins import Plugins
-    from hpc_train.sweep_handle import SweepHandle
+    from hpc_train.plugin.manager import Plugins
+    from hpc_train.submission.plan import JobPlan
 
 KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 DEFAULT_MAX_ARRAY_SIZE = 1001  # Slurm's default when the configuration does not say
@@ -211,8 +207,8 @@ def new_folder(job_root: str) -> Path:
 
 
 def sweep_plan(job: JobSpec, plugins: Plugins) -> JobPlan:
-    from hpc_train.api import check_script, resolve_site, warn_about
-    from hpc_train.plan import build_plan
+    from hpc_train.submission.plan import build_plan
+    from hpc_train.submission.prepare import check_script, resolve_site, warn_about
 
     check_script(job)
     if "array" in job.sbatch:
@@ -227,6 +223,10 @@ def sweep_plan(job: JobSpec, plugins: Plugins) -> JobPlan:
     return plan
 
 
+def _fixed_text(text: str, _command: str) -> str:
+    return text  # the array's script is rendered already; submitit's command is in it
+
+
 def submit_arrays(
     plan: JobPlan,
     render: Callable[[JobPlan], str],
@@ -239,7 +239,11 @@ def submit_arrays(
     ``[{"job_id": ..., "tasks": [...]}, ...]`` in submission order."""
     from submitit.core.utils import FailedJobError, FailedSubmissionError
 
-    from hpc_train.executor import TemplateSlurmExecutor, login_slurm_conf, submit_script
+    from hpc_train.submission.executor import (
+        TemplateSlurmExecutor,
+        login_slurm_conf,
+        submit_script,
+    )
 
     # Slurm makes no folders: #SBATCH --output needs this one; each task makes its own (ArrayPart.lines)
     (folder / "slurm").mkdir(parents=True, exist_ok=True)
@@ -251,7 +255,7 @@ def submit_arrays(
         # a copy per array: each array's dependency names only the array before it
         text = render(dataclasses.replace(plan, sweep=part,
                                           directives=array_directives(plan, part, limit, previous if limit else None)))
-        executor = TemplateSlurmExecutor(str(folder / "slurm"), lambda _command, text=text: text, python=plan.python)
+        executor = TemplateSlurmExecutor(str(folder / "slurm"), functools.partial(_fixed_text, text), python=plan.python)
         try:
             job = submit_script(executor, slurm_conf)
         except FailedJobError as exc:
@@ -261,70 +265,3 @@ def submit_arrays(
         previous = str(job.job_id)
         arrays.append({"job_id": previous, "tasks": chunk})
     return arrays
-
-
-def sweep(
-    target: str | os.PathLike[str] | JobSpec,
-    *args: Any,
-    over: Mapping[str, Iterable[Any]] | Sequence[Mapping[str, Any]],
-    max_concurrent: int | None = None,
-    plugins: Plugins | None = None,
-    **options: Any,
-) -> SweepHandle:
-    """Submit ``target`` (a script path with its arguments and job options, or a JobSpec) once per
-    task of ``over``; returns one handle for the whole sweep."""
-    from hpc_train.api import make_job, render_plan
-    from hpc_train.config.job import JobSpec
-    from hpc_train.config.validate import dump
-    from hpc_train.plugins import default_plugins
-    from hpc_train.sweep_handle import SweepHandle, SweepRecord, expand_after
-
-    if max_concurrent is not None and (not isinstance(max_concurrent, int) or max_concurrent < 1):
-        raise UsageError(f"max_concurrent must be a whole number ≥ 1, got {max_concurrent!r}")
-    plugins = plugins or default_plugins()
-    overrides = expand(over)
-    if isinstance(target, JobSpec):
-        if args or options:
-            raise UsageError("give job options either in the JobSpec or as keywords, not both")
-        job = target
-    else:
-        options["after"] = expand_after(options.get("after"))
-        job = make_job(script=os.fspath(target), script_args=[str(a) for a in args], **options)
-    plan = sweep_plan(job, plugins)
-    from hpc_train.executor import _make_job_root
-
-    _make_job_root(plan)
-    folder = new_folder(plan.job_root)
-    arrays = submit_arrays(plan, lambda p: render_plan(p, plugins), folder, overrides, range(len(overrides)), max_concurrent)
-    stored = dataclasses.replace(job, workdir=plan.workdir)  # a resubmission from elsewhere runs in the same place
-    record = SweepRecord(
-        sweep_id=arrays[0]["job_id"],
-        folder=str(folder),
-        site=plan.site.name,
-        backend=plan.backend_name,
-        job_name=plan.job_name,
-        nodes=plan.nodes,
-        procs_per_node=plan.procs_per_node,
-        tasks_per_node=plan.tasks_per_node,
-        slurm_conf=login_slurm_conf(plan),
-        submitted_at=time.time(),
-        requeue=plan.requeue,
-        release_held=plan.release_held and plan.requeue,
-        max_concurrent=max_concurrent,
-        overrides=overrides,
-        arrays=arrays,
-        job=dump(stored),
-    )
-    record.save()
-    return SweepHandle(record)
-
-
-class _CallableModule(types.ModuleType):
-    """``hpc_train.sweep(...)`` is the API and ``hpc_train.sweep`` this module: once the module is
-    imported it shadows the package's lazy attribute, so the module itself must be callable."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> SweepHandle:
-        return sweep(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

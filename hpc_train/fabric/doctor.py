@@ -9,6 +9,7 @@ the parsers are tested on recorded outputs from real A100, H100 and RTX 4090 nod
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -22,16 +23,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpc_train.submission import slurm_cmd
+
 OK, WARN, FAIL = "ok", "warn", "fail"
 Runner = Callable[[list[str]], "tuple[int | None, str]"]  # (exit status or None when not found, output)
-
-# What each built-in backend imports on the compute nodes (plugin backends may declare `requires`).
-BACKEND_PACKAGES = {
-    "torchrun": ("torch",),
-    "deepspeed": ("torch", "deepspeed"),
-    "horovod": ("torch", "horovod"),
-    "mpi": ("torch", "mpi4py"),
-}
 
 
 @dataclass
@@ -264,7 +259,7 @@ def check_nvlink(links: dict[int, dict[int, float | None]]) -> Check:
     if not links or not any(links.values()):
         return Check("nvlink", FAIL, "topology shows NVLink but `nvidia-smi nvlink --status` lists no links",
                      "NVSwitch systems need nvidia-fabricmanager running; check `systemctl status nvidia-fabricmanager`")
-    down = [f"GPU {g} link {l}" for g, per in sorted(links.items()) for l, speed in sorted(per.items()) if speed is None]
+    down = [f"GPU {g} link {link}" for g, per in sorted(links.items()) for link, speed in sorted(per.items()) if speed is None]
     counts = {len(per) for per in links.values()}
     speeds = sorted({s for per in links.values() for s in per.values() if s is not None})
     total = sum(len(per) for per in links.values())
@@ -416,8 +411,8 @@ def check_slurm(ctx: Context, run: Runner) -> Check:
     site = ctx.site
     if site is None or site.scheduler == "local":
         return Check("slurm", OK, "local site: no Slurm needed")
-    if site.slurm_conf:  # as the executor does: the site names its controller's config
-        os.environ["SLURM_CONF"] = os.path.expanduser(site.slurm_conf)
+    if site.slurm_conf and run is run_command:  # the site names its controller's config, for these calls only
+        run = functools.partial(run_command, env=slurm_cmd.slurm_env(site.slurm_conf))
     code, version = run(["sinfo", "--version"])
     if code is None:
         return Check("slurm", FAIL, "sinfo not found", "load the Slurm module or run this on the cluster's login node")
@@ -432,18 +427,20 @@ def check_slurm(ctx: Context, run: Runner) -> Check:
             entry = seen.setdefault(parts[0], {"avail": parts[1], "states": {}})
             entry["states"][parts[3]] = entry["states"].get(parts[3], 0) + int(parts[2] or 0)
     wanted = list(site.partitions) or list(seen)
-    problems, details, fails = [], [], False
+    problems: list[str] = []
+    details: list[str] = []
+    fails = False
     for name in wanted:
-        entry = seen.get(name)
-        if entry is None:
+        found = seen.get(name)
+        if found is None:
             problems.append(f"partition {name} does not exist")
             fails = True
             continue
-        states = ", ".join(f"{n} {s}" for s, n in sorted(entry["states"].items()))
-        details.append(f"{name}: {entry['avail']}, {states}")
-        usable = sum(n for s, n in entry["states"].items() if s.rstrip("*~#!%$@^-+").split("+")[0] in ("idle", "mixed", "allocated", "completing"))
-        if entry["avail"] != "up":
-            problems.append(f"partition {name} is {entry['avail']}")
+        states = ", ".join(f"{n} {s}" for s, n in sorted(found["states"].items()))
+        details.append(f"{name}: {found['avail']}, {states}")
+        usable = sum(n for s, n in found["states"].items() if s.rstrip("*~#!%$@^-+").split("+")[0] in ("idle", "mixed", "allocated", "completing"))
+        if found["avail"] != "up":
+            problems.append(f"partition {name} is {found['avail']}")
             fails = True
         elif not usable:
             problems.append(f"partition {name} has no usable node ({states})")
@@ -462,16 +459,17 @@ def _installed(dist: str) -> str | None:
 
 
 def check_packages(backends: Mapping[str, Any], installed: Callable[[str], str | None] = _installed) -> Check:
-    ready, missing = [], []
+    ready: list[str] = []
+    missing: list[str] = []
     for name, cls in sorted(backends.items()):
-        needs = tuple(getattr(cls, "requires", ())) or BACKEND_PACKAGES.get(name, ("torch",))
+        needs = tuple(cls.requires)
         absent = [pkg for pkg in needs if installed(pkg) is None]
         (missing if absent else ready).append(f"{name} (needs {', '.join(absent)})" if absent else name)
-    summary = f"backends ready: {', '.join(ready) or 'none'}"
+    summary = f"backends ready: {', '.join(ready) or 'none'}" + (f"; unavailable: {', '.join(missing)}" if missing else "")
     if not ready:
         return Check("python packages", FAIL, summary, "pip install torch (and the backend's package)")
     if missing:
-        return Check("python packages", WARN, summary + f"; unavailable: {', '.join(missing)}",
+        return Check("python packages", WARN, summary,
                      "install what a backend needs before using it (pip install deepspeed / horovod / mpi4py)")
     return Check("python packages", OK, summary)
 
@@ -506,7 +504,7 @@ def diagnose(ctx: Context, run: Runner = run_command, sys_root: Path = Path("/sy
 
 def context_for(resolved: Any, partition: str | None, profile: str | None, environ: Mapping[str, str]) -> Context:
     """The fabric variables a job on ``partition`` would get (site < partition < profile), as plan.py sets them."""
-    from hpc_train import nccl
+    from hpc_train.fabric import nccl
 
     in_job = "SLURM_JOB_ID" in environ and "SLURM_NODELIST" in environ
     if resolved is None:
@@ -550,8 +548,8 @@ def format_report(report: Report, color: bool = False) -> str:
 
 def node_report(site: str | None, partition: str | None, profile: str | None) -> dict[str, Any]:
     """Run on a compute node by ``doctor --submit``: each node writes its report into the job folder."""
-    from hpc_train.api import resolve_site
-    from hpc_train.plugins import default_plugins
+    from hpc_train.plugin.manager import default_plugins
+    from hpc_train.submission.prepare import resolve_site
 
     plugins = default_plugins()
     resolved = resolve_site(site, plugins) if site else None

@@ -20,13 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpc_train.states import ACTIVE_STATES
+from hpc_train import contract
+from hpc_train.jobs.states import ACTIVE_STATES
 
 if TYPE_CHECKING:
-    from hpc_train.handle import JobHandle
+    from hpc_train.jobs.handle import JobHandle
 
-LAST_RUN_FILE = "last_run"  # written by templates/sbatch/base.sh.j2 at the end of every run
-RUNS_FILE = "runs"  # the run counter, incremented by the batch script at the start of every run
+LAST_RUN_FILE = contract.LAST_RUN  # written by templates/sbatch/base.sh.j2 at the end of every run
+RUNS_FILE = contract.RUNS  # the run counter, incremented by the batch script at the start of every run
 CONFIRM_S = 4.0  # an end with no word from the run (killed): believed after looking ended this long
 REQUEUED_CONFIRM_S = 30.0  # the run said it requeued: the job comes back unless the requeue was lost
 MAX_POLL_S = 10.0  # the slowest poll while nothing changes

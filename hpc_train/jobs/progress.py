@@ -14,9 +14,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from hpc_train.handle import JobHandle
-from hpc_train.poll import MAX_POLL_S, JobPoller, Look
-from hpc_train.states import ACTIVE_STATES, PENDING_STATES
+from hpc_train import contract
+from hpc_train.jobs.handle import JobHandle
+from hpc_train.jobs.poll import MAX_POLL_S, JobPoller, Look
+from hpc_train.jobs.states import ACTIVE_STATES, PENDING_STATES
 
 PLAIN_PROGRESS_EVERY_S = 30.0
 
@@ -33,7 +34,7 @@ class Snapshot:
 
 def last_metrics(handle: JobHandle, tail_bytes: int = 8192) -> dict[str, Any]:
     """The newest step line of the job's metrics file (read from its end), or {}."""
-    path = handle.folder / "metrics" / "steps.jsonl"
+    path = handle.folder / contract.METRICS / contract.STEPS
     try:
         with path.open("rb") as f:
             f.seek(0, 2)

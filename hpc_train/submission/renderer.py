@@ -14,9 +14,10 @@ import jinja2
 
 from hpc_train import __version__
 from hpc_train._resources import builtin_dir, cache_dir
+from hpc_train.contract import FILES
 from hpc_train.errors import Problem, TemplateError
-from hpc_train.plan import JobPlan
-from hpc_train.shell import join, join_lines, quote, sbatch_line
+from hpc_train.submission.plan import JobPlan
+from hpc_train.submission.shell import join, join_lines, quote, sbatch_line
 
 
 @functools.cache
@@ -69,6 +70,7 @@ def context(plan: JobPlan) -> dict[str, object]:
     return {
         "container": container_words(plan),
         "plan": plan,
+        "files": FILES,  # the job folder's file names (hpc_train.contract)
         "version": __version__,
         "site": plan.site,
         "job": plan.job,

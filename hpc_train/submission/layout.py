@@ -7,6 +7,7 @@ runtime (``hpc_train.runtime.parallel``) builds the same mesh from ``HPC_TRAIN_P
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,10 +16,6 @@ from hpc_train.errors import UsageError, did_you_mean
 AXES = ("pp", "dp", "tp")  # mesh order, outermost first
 AXIS_NAMES = {"dp": "data parallel", "tp": "tensor parallel", "pp": "pipeline parallel"}
 ENV_VAR = "HPC_TRAIN_PARALLEL"
-# The axes a backend's runtime builds a mesh for. Horovod and MPI average gradients without a torch
-# process group, so they take no layout (they are data parallel already). A third-party backend
-# declares its axes with a ``parallel_axes`` class attribute.
-BACKEND_AXES: dict[str, tuple[str, ...]] = {"torchrun": ("dp", "tp", "pp"), "deepspeed": ("dp", "pp")}
 
 
 @dataclass(frozen=True)
@@ -93,9 +90,12 @@ def canonical(value: str | dict[str, Any]) -> str:
 
 
 def problems(value: str | dict[str, Any], *, nodes: int, procs_per_node: int, gpus_per_node: int,
-             backend: str, backend_axes: tuple[str, ...] | None = None
+             backend: str, axes_by_backend: Mapping[str, tuple[str, ...]]
              ) -> tuple[Layout | None, list[tuple[str, str | None]]]:
-    """The resolved layout and everything wrong with it for this job, as (message, hint) pairs."""
+    """The resolved layout and everything wrong with it for this job, as (message, hint) pairs.
+
+    ``axes_by_backend``: each backend's ``parallel_axes`` (what it declares), for the hints.
+    """
     world = nodes * procs_per_node
     try:
         layout = parse(value, world_size=world)
@@ -110,15 +110,15 @@ def problems(value: str | dict[str, Any], *, nodes: int, procs_per_node: int, gp
         found.append((f"tp={layout.tp} would split tensor-parallel groups across nodes ({procs_per_node} processes "
                       "per node); on a GPU partition tensor parallel must stay inside a node",
                       f"use a tp that divides {procs_per_node} and put dp or pp across nodes"))
-    axes = backend_axes if backend_axes is not None else BACKEND_AXES.get(backend, ())
+    axes = axes_by_backend.get(backend, ())
     if not axes:
-        able = " or ".join(sorted(BACKEND_AXES))
+        able = " or ".join(sorted(name for name, have in axes_by_backend.items() if have))
         found.append((f"backend {backend!r} takes no parallel layout (it is data parallel over all processes)",
-                      f"drop --parallel, or use --backend {able}"))
+                      f"drop --parallel, or use --backend {able}" if able else "drop --parallel"))
         return layout, found
     for axis in ("tp", "pp"):
         if getattr(layout, axis) > 1 and axis not in axes:
-            able = sorted(name for name, have in BACKEND_AXES.items() if axis in have)
+            having = sorted(name for name, have in axes_by_backend.items() if axis in have)
             found.append((f"backend {backend!r} has no {AXIS_NAMES[axis]} ({axis}={getattr(layout, axis)})",
-                          f"use --backend {' or '.join(able)}"))
+                          f"use --backend {' or '.join(having)}" if having else None))
     return layout, found

@@ -1,3 +1,5 @@
+# mypy: disable-error-code="empty-body"
+# (hook specs are signatures: their bodies are the docs; pluggy calls the implementations)
 """The plugin contract. Every hook is called with keyword arguments only.
 
 Built-in backends (``plugins/``) implement these exactly as a third-party plugin does; they are
@@ -27,11 +29,11 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import pluggy
 
 if TYPE_CHECKING:
-    from hpc_train.backend import Backend
     from hpc_train.config.job import JobSpec
     from hpc_train.config.models import SiteConfig
-    from hpc_train.handle import JobHandle
-    from hpc_train.plan import JobPlan
+    from hpc_train.jobs.handle import JobHandle
+    from hpc_train.plugin.backend import Backend
+    from hpc_train.submission.plan import JobPlan
 
 PROJECT = "hpc_train"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -92,7 +94,7 @@ def hpc_train_site_names() -> Sequence[str]:
     """Return the names of the sites this plugin serves (``fnmatch`` patterns: ``"acme-*"``, ``"*"``).
 
     Each plugin's result is read on its own, never merged with other plugins': it limits that
-    plugin's per-job hooks (``hpc_train.hookspecs.SITE_SCOPED_HOOKS``) to jobs whose site name
+    plugin's per-job hooks (``hpc_train.plugin.hookspecs.SITE_SCOPED_HOOKS``) to jobs whose site name
     matches. Without this hook a plugin serves the sites whose files it returns from
     ``hpc_train_site_dirs``; a plugin with neither hook applies to every site. A site that
     ``extends:`` a served site under another name is another site: name it (or a pattern) here.

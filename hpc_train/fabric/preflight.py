@@ -68,7 +68,7 @@ def find_slow_nodes(pairs: list[dict[str, Any]], threshold: float | None) -> tup
             if tuple(p["nodes"]) in slow:
                 bad[node] = bad.get(node, 0) + 1
     suspects = sorted(n for n, k in bad.items() if k * 2 > total[n])
-    return slow, suspects, threshold  # type: ignore[return-value]
+    return slow, suspects, threshold
 
 
 def evaluate(result: dict[str, Any], expect: Preflight) -> Verdict:
@@ -133,7 +133,7 @@ def submit_preflight(*, site: str | None, nodes: int, partition: str | None = No
                      time: str = "00:10:00") -> tuple[Any, Preflight]:
     """Submit the job; returns (handle, the figures it will be judged against)."""
     from hpc_train.api import resolve_site, submit
-    from hpc_train.plugins import default_plugins
+    from hpc_train.plugin.manager import default_plugins
 
     plugins = default_plugins()
     site_config = resolve_site(site, plugins).config

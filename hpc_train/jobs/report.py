@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpc_train import contract
 from hpc_train.errors import UsageError
 
-JSONL = "steps.jsonl"  # the name hpc_train.runtime.metrics writes (not imported: that side may import torch)
+JSONL = contract.STEPS
 
 
 @dataclass
@@ -53,7 +54,7 @@ class Metrics:
 
 def find_jsonl(folder: Path) -> Path:
     """The steps file of a job folder, a metrics folder, or the file itself."""
-    for candidate in (folder, folder / JSONL, folder / "metrics" / JSONL):
+    for candidate in (folder, folder / JSONL, folder / contract.METRICS / JSONL):
         if candidate.is_file():
             return candidate
     raise UsageError(f"no metrics in {folder}: {folder / 'metrics' / JSONL} does not exist",
@@ -194,68 +195,77 @@ def plot(m: Metrics, out_dir: str | Path, title: str | None = None) -> list[Path
         raise UsageError("plots need matplotlib, which is not installed",
                          hint="pip install 'hpc_train[report]' (or matplotlib), or use --no-plots") from None
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, MaxNLocator, PercentFormatter
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    title = title or (f"job {m.runs[-1].info.get('job_id')}" if m.runs and m.runs[-1].info.get("job_id") else m.path.parent.parent.name)
+    job_id = m.runs[-1].info.get("job_id") if m.runs else None
+    title = title or (f"job {job_id}" if job_id else m.path.parent.parent.name)
     steady = m.steady
-    written: list[Path] = []
-
-    def figure(name: str, heading: str, ylabel: str, series: list[tuple[int, float]], colour: str,
-               percent: bool = False, log_ok: bool = False, reference: tuple[str, float] | None = None,
-               robust: bool = False) -> None:
-        if not series:
-            return
-        xs, ys = [p[0] for p in series], [p[1] for p in series]
-        fig, ax = plt.subplots(figsize=(9, 4.6), dpi=120, layout="constrained")
-        ax.plot(xs, ys, color=colour, alpha=0.28, linewidth=1.0, label="every step")
-        if len(ys) > 2:
-            ax.plot(xs, smooth(ys), color=colour, linewidth=2.2, label="smoothed")
-        if reference:
-            ax.axhline(reference[1], color="#555555", linestyle=":", linewidth=1.2, label=reference[0])
-        positive = [y for y in ys if y > 0]
-        if log_ok and positive and len(positive) == len(ys) and max(ys) / min(positive) > 100:
-            ax.set_yscale("log")
-        elif robust and len(ys) > 10:
-            high = sorted(ys)[int(0.99 * (len(ys) - 1))]
-            ax.set_ylim(0, high * 1.15 if high > 0 else 1)
-        else:
-            ax.set_ylim(bottom=0 if min(ys) >= 0 else None)
-        if percent:
-            ax.set_ylim(0, max(5.0, min(100.0, max(ys) * 1.15)))
-            ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
-        elif not log_ok:
-            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if abs(v) >= 100 else f"{v:g}"))
-        _mark_runs(ax, m, xs)
-        ax.set_title(f"{heading} — {title}", fontsize=13, loc="left")
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel(ylabel)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(True, color="#e5e5e5", linewidth=0.8)
-        ax.set_axisbelow(True)
-        for side in ("top", "right"):
-            ax.spines[side].set_visible(False)
-        ax.legend(loc="best", frameon=False, fontsize=9)
-        path = out / f"{name}.png"
-        fig.savefig(path)
-        plt.close(fig)
-        written.append(path)
-
+    figures: list[tuple[str, str, str, list[tuple[int, float]], dict[str, Any]]] = []
     loss = [(r["step"], r["loss"]) for r in m.rows if r.get("loss") is not None]
-    figure("loss", "Training loss", "loss (rank 0's batch)", loss, COLOURS["loss"], log_ok=True)
+    figures.append(("loss", "Training loss", "loss (rank 0's batch)", loss, {"log_ok": True}))
     rate = [(r["step"], r["samples_per_s"]) for r in steady if r.get("samples_per_s") is not None]
     median_rate = statistics.median(y for _, y in rate) if rate else 0.0
-    figure("throughput", "Throughput", "samples / second (all ranks)", rate, COLOURS["throughput"],
-           reference=(f"median {median_rate:,.0f} samples/s", median_rate), robust=True)
+    figures.append(("throughput", "Throughput", "samples / second (all ranks)", rate,
+                    {"reference": (f"median {median_rate:,.0f} samples/s", median_rate), "robust": True}))
     comm = [(r["step"], 100.0 * r["comm_share"]) for r in steady if r.get("comm_share") is not None]
     total = sum(r.get("comm_s", 0.0) for r in steady) / max(1e-12, sum(r["step_s"] for r in steady)) * 100
-    figure("comm_share", "Time in gradient communication", "share of step time", comm, COLOURS["comm"],
-           percent=True, reference=(f"whole run {total:.1f}%", total))
+    figures.append(("comm_share", "Time in gradient communication", "share of step time", comm,
+                    {"percent": True, "reference": (f"whole run {total:.1f}%", total)}))
     util = [(r["step"], r["gpu_util"]) for r in m.rows if "gpu_util" in r]
-    figure("gpu", "GPU utilisation (rank 0, NVML)", "utilisation", util, COLOURS["gpu"], percent=True)
+    figures.append(("gpu", "GPU utilisation (rank 0, NVML)", "utilisation", util, {"percent": True}))
+    written = [_figure(m, out / f"{name}.png", f"{heading} — {title}", ylabel, series, COLOURS[name.split("_")[0]], **style)
+               for name, heading, ylabel, series, style in figures if series]
     return written
+
+
+def _figure(m: Metrics, path: Path, heading: str, ylabel: str, series: list[tuple[int, float]], colour: str, *,
+            percent: bool = False, log_ok: bool = False, reference: tuple[str, float] | None = None,
+            robust: bool = False) -> Path:
+    """One metric over the steps: every step faint, smoothed bold, the runs marked; written to ``path``."""
+    import matplotlib.pyplot as plt
+
+    xs, ys = [p[0] for p in series], [p[1] for p in series]
+    fig, ax = plt.subplots(figsize=(9, 4.6), dpi=120, layout="constrained")
+    ax.plot(xs, ys, color=colour, alpha=0.28, linewidth=1.0, label="every step")
+    if len(ys) > 2:
+        ax.plot(xs, smooth(ys), color=colour, linewidth=2.2, label="smoothed")
+    if reference:
+        ax.axhline(reference[1], color="#555555", linestyle=":", linewidth=1.2, label=reference[0])
+    _y_axis(ax, ys, percent=percent, log_ok=log_ok, robust=robust)
+    _mark_runs(ax, m, xs)
+    ax.set_title(heading, fontsize=13, loc="left")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel(ylabel)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(True, color="#e5e5e5", linewidth=0.8)
+    ax.set_axisbelow(True)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.legend(loc="best", frameon=False, fontsize=9)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _y_axis(ax: Any, ys: list[float], *, percent: bool, log_ok: bool, robust: bool) -> None:
+    """Log scale for a loss spanning decades; a throughput's rare spikes clipped; percentages as such."""
+    from matplotlib.ticker import FuncFormatter, PercentFormatter
+
+    positive = [y for y in ys if y > 0]
+    if log_ok and positive and len(positive) == len(ys) and max(ys) / min(positive) > 100:
+        ax.set_yscale("log")
+    elif robust and len(ys) > 10:
+        high = sorted(ys)[int(0.99 * (len(ys) - 1))]
+        ax.set_ylim(0, high * 1.15 if high > 0 else 1)
+    else:
+        ax.set_ylim(bottom=0 if min(ys) >= 0 else None)
+    if percent:
+        ax.set_ylim(0, max(5.0, min(100.0, max(ys) * 1.15)))
+        ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
+    elif not log_ok:
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if abs(v) >= 100 else f"{v:g}"))
 
 
 def _mark_runs(ax: Any, m: Metrics, xs: list[int]) -> None:

@@ -45,6 +45,8 @@ class LaunchInfo:
     grad_accum: int | None = None
     grad_clip: float | None = None
     env: dict[str, str] = field(default_factory=dict)
+    #: the signal that tells the ranks to save and stop (``USR2``); None when the job does not requeue
+    stop_signal: str | None = None
 
 
 class Backend:
@@ -59,6 +61,10 @@ class Backend:
     runtime: ClassVar[str] = "hpc_train.runtime.base:BackendRuntime"
     #: whether --comm-hook (DDP communication hooks) applies
     supports_comm_hook: ClassVar[bool] = True
+    #: the --parallel axes ("dp", "tp", "pp") the runtime builds a device mesh for; () takes no layout
+    parallel_axes: ClassVar[tuple[str, ...]] = ()
+    #: distributions the job imports on the compute nodes, as pip names them (``doctor`` checks them)
+    requires: ClassVar[tuple[str, ...]] = ("torch",)
 
     def __init__(self, options: Any) -> None:
         self.options = options
@@ -96,3 +102,14 @@ def launch_shim(info: LaunchInfo, *flags: str, args: list[Word] | None = None) -
     variables (SLURM_*, OMPI_*) to RANK/LOCAL_RANK/WORLD_SIZE/MASTER_* and then becomes the script."""
     script_args = list(info.script_args) if args is None else args
     return [info.python, "-m", "hpc_train.runtime.launch", *flags, "--", info.script, *script_args]
+
+
+def survive_stop_signal(info: LaunchInfo, argv: list[Word]) -> list[Word]:
+    """``argv`` of a launcher that forks the ranks (``python -m torch.distributed.run ...``), made to
+    survive the job's stop signal: ``scancel --signal`` reaches the launcher as well as the ranks, and a
+    launcher killed by it ends the step while the ranks save. SIGTERM is left to the launcher's own
+    handling (it forwards it and waits)."""
+    if not info.stop_signal or info.stop_signal.upper().removeprefix("SIG") in ("TERM", "INT", "KILL"):
+        return argv
+    python, *rest = argv
+    return [python, "-m", "hpc_train.runtime.signal_guard", f"--ignore={info.stop_signal}", "--", *rest]

@@ -1,0 +1,1 @@
+"""The fabric: NCCL/InfiniBand profiles, doctor (node checks), preflight (bandwidth tests)."""

@@ -1,0 +1,380 @@
+"""JobSpec + site + backend → JobPlan: every decision about the job, made once, without I/O.
+
+The renderer only formats a plan; the executor only submits one. Everything a user could get
+wrong is checked here and reported together.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from hpc_train.config.errors import problems_from_validation
+from hpc_train.config.fields import field_names
+from hpc_train.config.job import JobSpec
+from hpc_train.config.loader import ResolvedSite, display_path
+from hpc_train.config.models import Partition, SiteConfig
+from hpc_train.config.slurm_time import format_slurm_time, parse_slurm_time
+from hpc_train.config.validate import ValidationError, defaults, dump, validate
+from hpc_train.errors import ConfigError, Problem, did_you_mean
+from hpc_train.fabric import nccl
+from hpc_train.plugin.backend import Backend, LaunchInfo, Raw, Word
+from hpc_train.submission.layout import ENV_VAR as LAYOUT_ENV
+from hpc_train.submission.layout import problems as check_layout
+
+if TYPE_CHECKING:
+    from hpc_train.plugin.manager import Plugins
+
+JOB = "<job>"  # the source name for problems in what the user passed
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    value: str | Raw
+    source: str  # "site", "partition a100", "nccl profile ib-hdr", "backend torchrun", "plugin x", "job", "hpc_train"
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    job: JobSpec
+    site: SiteConfig
+    site_path: Path
+    backend: Backend
+    kind: Literal["script", "function"]
+    scheduler: Literal["slurm", "local"]
+    partition: str | None
+    nodes: int
+    procs_per_node: int
+    tasks_per_node: int
+    gpus_per_node: int
+    time_seconds: int | None
+    job_name: str
+    job_root: str
+    python: str
+    workdir: str
+    directives: list[tuple[str, Any]]
+    env: list[EnvVar]
+    nccl_profile: str | None
+    launch: list[Word]
+    requeue: bool = False
+    max_restarts: int = 0
+    signal: str = "USR2"
+    signal_grace: int = 120
+    on_failure: str = "fail"
+    release_held: bool = False
+    srun_args: list[Word] = field(default_factory=list)
+    backend_setup: list[str] = field(default_factory=list)
+    backend_cleanup: list[str] = field(default_factory=list)
+    function_command: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    warnings: list[Problem] = field(default_factory=list)  # worth saying, not worth stopping for (render prints them)
+    sweep: Any = None  # hpc_train.sweeps.arrays.ArrayPart: this script is one array of a sweep (its tasks, their overrides)
+
+    @property
+    def backend_name(self) -> str:
+        return self.backend.name
+
+    @property
+    def folder(self) -> str:
+        """The job folder, with Slurm's %j for the job id (submitit fills it in)."""
+        return os.path.join(self.job_root, "%j")
+
+    @property
+    def stdout_pattern(self) -> str:
+        if self.sweep is not None:  # a link to the sweep task's own folder, made by the script (hpc_train.sweeps.arrays)
+            return os.path.join(self.sweep.folder, "slurm", "%A_%a", "%t_log.out")
+        return os.path.join(self.folder, "%j_%t_log.out")
+
+    @property
+    def stderr_pattern(self) -> str:
+        if self.sweep is not None:
+            return os.path.join(self.sweep.folder, "slurm", "%A_%a", "%t_log.err")
+        return os.path.join(self.folder, "%j_%t_log.err")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+
+def _expand(path: str, workdir: str) -> str:
+    expanded = os.path.expanduser(os.path.expandvars(path))
+    return os.path.normpath(os.path.join(workdir, expanded))
+
+
+class _Problems(list[Problem]):
+    """Everything wrong with the job, gathered by every step and reported at once."""
+
+    def __init__(self, site_file: str) -> None:
+        super().__init__()
+        self.site_file = site_file
+
+    def add(self, key: str, message: str, hint: str | None = None, source: str = JOB) -> None:
+        self.append(Problem(source, key, message, None, hint))
+
+
+@dataclass(frozen=True)
+class _Resources:
+    """Where the job runs and with how much: the partition, its processes and GPUs, its time."""
+
+    part_name: str | None
+    part: Partition
+    gpus: int
+    procs: int
+    time_seconds: int | None
+
+
+@dataclass(frozen=True)
+class _Requeue:
+    enabled: bool
+    grace: int
+    policy: Any  # the site's RequeuePolicy
+
+
+@dataclass(frozen=True)
+class _Names:
+    """The job's paths and name on the compute nodes."""
+
+    workdir: str
+    python: str
+    job_root: str
+    script: str
+    job_name: str
+
+
+def build_plan(
+    job: JobSpec,
+    resolved: ResolvedSite,
+    plugins: Plugins,
+    *,
+    kind: Literal["script", "function"] = "script",
+    function_name: str | None = None,
+    extra_script_args: tuple[Word, ...] = (),
+) -> JobPlan:
+    """Every decision about the job, in named steps; every problem found by any step is raised together."""
+    site = resolved.config
+    problems = _Problems(display_path(resolved.path))
+    backend, options = _backend(job, site, plugins, problems)
+    res = _resources(job, site, problems)
+    selection = nccl.select(site.nccl_profiles, job.nccl_profile, res.part.nccl_profile, site.name)  # extends, +debug
+    for message, hint in selection.problems:
+        problems.add("nccl_profile", message, hint)
+    _check_container(job, site, problems)
+    requeue = _requeue(job, site, res, problems)
+    layout = _layout(job, res, plugins, problems)
+    for message in plugins.validate_job(job, site):
+        problems.add("", message, source=f"site policy ({site.name})")
+    if problems:
+        raise ConfigError(list(problems))
+    names = _names(job, site, kind, function_name)
+    info = _launch_info(job, site, res, names, requeue, extra_script_args)
+    env = _environment(job, site, res, selection, backend, options, info, plugins, layout, names, requeue)
+    tasks = backend.tasks_per_node(res.procs) if kind == "script" else res.procs
+    script_job = kind == "script"
+    plan = JobPlan(
+        job=job, site=site, site_path=resolved.path, backend=backend, kind=kind, scheduler=site.scheduler,
+        partition=res.part_name, nodes=job.nodes, procs_per_node=res.procs, tasks_per_node=tasks,
+        gpus_per_node=res.gpus, time_seconds=res.time_seconds, job_name=names.job_name, job_root=names.job_root,
+        python=names.python, workdir=names.workdir,
+        directives=_directives(job, site, res, tasks, names, requeue, plugins, backend.name),
+        env=sorted(env.values(), key=lambda e: e.name), nccl_profile=selection.label,
+        launch=backend.launch(info) if script_job else [], requeue=requeue.enabled,
+        max_restarts=job.max_restarts if job.max_restarts is not None else requeue.policy.max_restarts,
+        signal=requeue.policy.signal, signal_grace=requeue.grace, on_failure=job.on_failure or requeue.policy.on_failure,
+        release_held=requeue.policy.release_held, srun_args=backend.srun_args(info) if script_job else [],
+        backend_setup=backend.setup(info) if script_job else [],
+        backend_cleanup=backend.cleanup(info) if script_job else [],
+        warnings=nccl.job_warnings(selection, site, res.part_name, resolved.provenance, problems.site_file),
+    )
+    return dataclasses.replace(plan, extra=plugins.template_context(plan))
+
+
+def _backend(job: JobSpec, site: SiteConfig, plugins: Plugins, problems: _Problems) -> tuple[Backend, Any]:
+    """The backend with its options (site defaults < job options); None options when they are invalid."""
+    backend_cls = plugins.backend(job.backend)
+    for name in site.backends:
+        if name not in plugins.backends:
+            problems.add(f"backends.{name}", "no such backend", did_you_mean(name, plugins.backends, "backend"),
+                         problems.site_file)
+    options: Any = None
+    try:
+        options = validate(backend_cls.Options, {**site.backends.get(job.backend, {}), **job.backend_options})
+    except ValidationError as exc:
+        problems.extend(problems_from_validation(exc, backend_cls.Options, f"backend {job.backend!r} options", prefix=()))
+    if job.comm_hook not in (None, "none") and not backend_cls.supports_comm_hook:
+        able = " or ".join(sorted(n for n, c in plugins.backends.items() if c.supports_comm_hook))
+        problems.add("comm_hook", f"backend {job.backend!r} has no DDP communication hooks",
+                     f"use it with --backend {able}" if able else None)
+    return backend_cls(options if options is not None else defaults(backend_cls.Options)), options
+
+
+def _resources(job: JobSpec, site: SiteConfig, problems: _Problems) -> _Resources:
+    part_name, found = site.partition(job.partition)
+    if job.partition and site.partitions and found is None:
+        problems.add("partition", f"site {site.name!r} has no partition {job.partition!r}",
+                     did_you_mean(job.partition, site.partitions, "partition"))
+    part = found or Partition()
+    gpus = job.gpus_per_node if job.gpus_per_node is not None else part.gpus_per_node
+    if site.partitions and part_name in site.partitions and gpus > part.gpus_per_node:
+        problems.add("gpus_per_node", f"partition {part_name!r} has {part.gpus_per_node} GPUs per node, {gpus} requested")
+    if part.max_nodes is not None and job.nodes > part.max_nodes:
+        problems.add("nodes", f"partition {part_name!r} allows at most {part.max_nodes} nodes, {job.nodes} requested")
+    if site.scheduler == "local" and job.nodes > 1:
+        problems.add("nodes", f"site {site.name!r} runs on this machine only: use --nodes 1 and --procs-per-node N")
+    time_value = job.time if job.time is not None else part.default_time
+    time_seconds = parse_slurm_time(time_value) if time_value is not None else None
+    if time_seconds is not None and part.max_time is not None:
+        limit = parse_slurm_time(part.max_time)
+        if time_seconds > limit:
+            problems.add("time", f"{format_slurm_time(time_seconds)} exceeds partition {part_name!r}'s limit "
+                         f"{format_slurm_time(limit)}")
+    return _Resources(part_name, part, gpus, job.procs_per_node or (gpus if gpus > 0 else 1), time_seconds)
+
+
+def _check_container(job: JobSpec, site: SiteConfig, problems: _Problems) -> None:
+    if (job.container or job.container_image) and site.container.runtime == "none":
+        problems.add("container", f"site {site.name!r} has no container runtime (container.runtime in the site file)")
+    elif job.container and not (job.container_image or site.container.image):
+        problems.add("container", f"site {site.name!r} names no container image; give one with --container-image")
+
+
+def _requeue(job: JobSpec, site: SiteConfig, res: _Resources, problems: _Problems) -> _Requeue:
+    policy = site.requeue
+    enabled = site.scheduler == "slurm" and (job.requeue if job.requeue is not None else policy.enabled)
+    grace = job.signal_grace or policy.grace_seconds
+    if job.requeue and site.scheduler != "slurm":
+        problems.add("requeue", f"site {site.name!r} runs on this machine; only Slurm sites requeue")
+    if enabled and res.time_seconds is not None and grace >= res.time_seconds:
+        problems.add("signal_grace", f"the warning ({grace} s before the limit) must come after the job starts "
+                     f"(time limit {format_slurm_time(res.time_seconds)})")
+    return _Requeue(enabled, grace, policy)
+
+
+def _layout(job: JobSpec, res: _Resources, plugins: Plugins, problems: _Problems) -> Any:
+    """The tensor / pipeline parallel layout, checked against what each backend declares it builds."""
+    if job.parallel is None:
+        return None
+    layout, found = check_layout(job.parallel, nodes=job.nodes, procs_per_node=res.procs, gpus_per_node=res.gpus,
+                                 backend=job.backend,
+                                 axes_by_backend={n: c.parallel_axes for n, c in plugins.backends.items()})
+    for message, hint in found:
+        problems.add("parallel", message, hint)
+    return layout
+
+
+def _names(job: JobSpec, site: SiteConfig, kind: str, function_name: str | None) -> _Names:
+    workdir = os.path.abspath(job.workdir or os.getcwd())
+    script = ""
+    if kind == "script":
+        if not job.script:
+            raise ConfigError(Problem(JOB, "script", "a script job needs a training script"))
+        script = _expand(job.script, workdir)
+    name = job.job_name or (f"hpc_train-{Path(script).stem}" if script else f"hpc_train-{function_name or 'function'}")
+    return _Names(workdir, job.python or site.python or sys.executable, _expand(job.job_root or site.job_root, workdir),
+                  script, name)
+
+
+def _launch_info(job: JobSpec, site: SiteConfig, res: _Resources, names: _Names, requeue: _Requeue,
+                 extra_script_args: tuple[Word, ...]) -> LaunchInfo:
+    cpus = job.cpus_per_task or (res.part.cpus_per_node // res.procs if res.part.cpus_per_node else None)
+    return LaunchInfo(
+        scheduler=site.scheduler, nodes=job.nodes, procs_per_node=res.procs, gpus_per_node=res.gpus,
+        python=names.python, script=names.script,
+        script_args=(*job.script_args, *extra_script_args),  # extra: a sweep task's overrides (Raw)
+        master_port=site.master_port, job_folder=names.job_root, cpus_per_proc=cpus, precision=job.precision,
+        grad_accum=job.grad_accum, grad_clip=job.grad_clip,
+        stop_signal=requeue.policy.signal if requeue.enabled else None,
+    )
+
+
+def _environment(job: JobSpec, site: SiteConfig, res: _Resources, selection: Any, backend: Backend, options: Any,
+                 info: LaunchInfo, plugins: Plugins, layout: Any, names: _Names, requeue: _Requeue) -> dict[str, EnvVar]:
+    """Every exported variable, lowest precedence first: site < partition < nccl profile < backend < plugins < job."""
+    env: dict[str, EnvVar] = {}
+
+    def put(values: dict[str, Any], source: str) -> None:
+        env.update({key: EnvVar(key, value, source) for key, value in values.items()})
+
+    put(site.env, "site")
+    put(res.part.env, f"partition {res.part_name}")
+    for var_name, var_value, var_source in selection.variables:
+        put({var_name: var_value}, var_source)
+    put({f"HPC_TRAIN_{key.upper()}_DIR": _expand(value, names.workdir) for key, value in site.storage.items()},
+        "site storage")
+    put(backend.env(info), f"backend {backend.name}")
+    put(plugins.job_env(job, site, backend.name), "plugins")
+    if options is not None and field_names(type(backend).Options):
+        put({"HPC_TRAIN_BACKEND_OPTIONS": json.dumps(dump(options), separators=(",", ":"))}, f"backend {backend.name}")
+    put({k: v for k, v in _training_env(job).items() if v is not None}, "job")
+    if layout is not None:
+        put({LAYOUT_ENV: str(layout)}, "job")  # the runtime builds its device mesh from this
+    put(dict(job.env), "job")
+    put({
+        "HPC_TRAIN_SITE": site.name,
+        "HPC_TRAIN_BACKEND": backend.name,
+        "HPC_TRAIN_NODES": str(job.nodes),
+        "HPC_TRAIN_PROCS_PER_NODE": str(res.procs),
+        "HPC_TRAIN_JOB_ROOT": names.job_root,
+        **({"HPC_TRAIN_STOP_SIGNAL": requeue.policy.signal} if requeue.enabled else {}),  # the ranks save and stop on it
+    }, "hpc_train")
+    return env
+
+
+def _flag(value: bool | None) -> str | None:
+    return None if value is None else str(int(value))
+
+
+def _training_env(job: JobSpec) -> dict[str, str | None]:
+    """The job options the runtime reads in the job (hpc_train.runtime.options, checkpoint, metrics)."""
+    return {
+        "HPC_TRAIN_PRECISION": job.precision,
+        "HPC_TRAIN_GRAD_CLIP": None if job.grad_clip is None else repr(job.grad_clip),
+        "HPC_TRAIN_GRAD_ACCUM": None if job.grad_accum is None else str(job.grad_accum),
+        "HPC_TRAIN_COMM_HOOK": job.comm_hook,
+        "HPC_TRAIN_ACTIVATION_CHECKPOINTING": _flag(job.activation_checkpointing),
+        "HPC_TRAIN_CHECKPOINT_EVERY": None if job.checkpoint_every is None else str(job.checkpoint_every),
+        "HPC_TRAIN_KEEP_CHECKPOINTS": None if job.keep_checkpoints is None else str(job.keep_checkpoints),
+        "HPC_TRAIN_ASYNC_CHECKPOINT": _flag(job.async_checkpoint),
+        "HPC_TRAIN_RESTART_FROM_SCRATCH": _flag(job.restart_from_scratch),
+        "HPC_TRAIN_EXACT_RESUME": _flag(job.exact_resume),
+        "HPC_TRAIN_METRICS": _flag(job.metrics),
+    }
+
+
+def _directives(job: JobSpec, site: SiteConfig, res: _Resources, tasks: int, names: _Names, requeue: _Requeue,
+                plugins: Plugins, backend_name: str) -> list[tuple[str, Any]]:
+    """The #SBATCH options, sorted: ours, then the site's, the partition's, the plugins' and the job's own."""
+    if site.scheduler != "slurm":
+        return []
+    directives: dict[str, Any] = {
+        "job-name": names.job_name,
+        "nodes": job.nodes,
+        "ntasks-per-node": tasks,
+        "output": os.path.join(names.job_root, "%j", "%j_0_log.out"),
+        "error": os.path.join(names.job_root, "%j", "%j_0_log.err"),
+        "open-mode": "append",
+        "partition": res.part_name or None,
+        "time": format_slurm_time(res.time_seconds) if res.time_seconds is not None else None,
+    }
+    if res.gpus > 0:
+        directives["gres"] = f"gpu:{res.part.gpu_type}:{res.gpus}" if res.part.gpu_type else f"gpu:{res.gpus}"
+    if requeue.enabled:
+        # B: -> only the batch shell gets the warning; it tells the ranks through a file
+        directives.update({"requeue": True, "signal": f"B:{requeue.policy.signal}@{requeue.grace}"})
+    defaults_from_partition = {"constraint": res.part.constraint, "mem": res.part.mem_per_node}
+    for key in ("cpus_per_task", "mem", "account", "qos", "reservation", "constraint"):
+        value = getattr(job, key)
+        directives[key.replace("_", "-")] = value if value is not None else defaults_from_partition.get(key)
+    directives.update(site.sbatch)
+    directives.update(res.part.sbatch)
+    directives.update(plugins.sbatch_directives(job, site, backend_name))
+    directives.update(job.sbatch)
+    if job.after:  # a dependency that can never be met cancels the job instead of leaving it pending
+        directives.setdefault("dependency", f"{job.after_type}:" + ":".join(job.after))
+        directives.setdefault("kill-on-invalid-dep", "yes")
+    return sorted((k, v) for k, v in directives.items() if v is not None and v is not False)

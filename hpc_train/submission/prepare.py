@@ -1,0 +1,82 @@
+"""The steps every submission shares, below the public API: validate the options, find the site,
+check the script, plan, say the plan's warnings, render. ``api`` (the facade), sweeps and the fabric
+checks use these; nothing here imports them back.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Literal
+
+from hpc_train.config.errors import problems_from_validation
+from hpc_train.config.job import JobSpec
+from hpc_train.config.loader import ResolvedSite, SiteRegistry, default_search_dirs
+from hpc_train.config.validate import ValidationError, validate
+from hpc_train.errors import ConfigError, ConfigWarning, Problem
+from hpc_train.plugin.manager import Plugins, default_plugins
+from hpc_train.submission.plan import JobPlan, build_plan
+
+JOB_SOURCE = "job options"
+
+
+def make_job(**options: Any) -> JobSpec:
+    """Validate job options; errors name the option as the CLI spells it (``--procs-per-node``)."""
+    try:
+        return validate(JobSpec, options)
+    except ValidationError as exc:
+        problems = problems_from_validation(exc, JobSpec, JOB_SOURCE)
+        renamed = [
+            Problem(p.source, "--" + p.key.split(".")[0].replace("_", "-") + (("." + p.key.split(".", 1)[1]) if "." in p.key else ""), p.message, p.line, p.hint)
+            for p in problems
+        ]
+        raise ConfigError(renamed) from None
+
+
+def site_registry(plugins: Plugins) -> SiteRegistry:
+    return SiteRegistry(default_search_dirs(plugins.site_dirs()), check=plugins.check_site)
+
+
+def resolve_site(name: str | None, plugins: Plugins) -> ResolvedSite:
+    if name is None:
+        import socket
+
+        name = plugins.detect_site(hostname=socket.gethostname(), environ=dict(os.environ))
+    return site_registry(plugins).load(name)  # a site from a plugin that failed to load is an error
+
+
+def check_script(job: JobSpec) -> None:
+    """The training script must exist where the job will look for it (before anything is submitted)."""
+    if not job.script:
+        raise ConfigError(Problem(JOB_SOURCE, "script", "no training script given"))
+    script = Path(job.workdir or ".") / os.path.expanduser(job.script)
+    if not script.is_file():
+        raise ConfigError(Problem(JOB_SOURCE, "script", f"training script {job.script!r} not found",
+                                  hint=f"looked in {script.parent.resolve()}"))
+
+
+def warn_about(plan: JobPlan) -> None:
+    """Say the plan's warnings once, where the caller will see them (submit, sweep)."""
+    for problem in plan.warnings:
+        warnings.warn(str(problem), ConfigWarning, stacklevel=3)
+
+
+def plan_job(
+    job: JobSpec,
+    plugins: Plugins | None = None,
+    kind: Literal["script", "function"] = "script",
+    function_name: str | None = None,
+) -> JobPlan:
+    plugins = plugins or default_plugins()
+    resolved = resolve_site(job.site, plugins)
+    if kind == "script":
+        check_script(job)
+    return build_plan(job, resolved, plugins, kind=kind, function_name=function_name)
+
+
+def render_plan(plan: JobPlan, plugins: Plugins | None = None) -> str:
+    from hpc_train.submission.renderer import render as render_template
+
+    plugins = plugins or default_plugins()
+    return render_template(plan, plugins.template_dirs(plan.site))
