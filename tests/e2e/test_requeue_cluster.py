@@ -90,9 +90,13 @@ def interrupted_run(job_root: Path, backend: str, time_limit: bool) -> tuple[str
     """A reference job and the same job interrupted by a signal, an admin's requeue and (optionally)
     its time limit; both on the same layout so their arithmetic is identical."""
     steps = 1200 if time_limit else STEPS
+    # The run after the admin's requeue must outlast the time limit's warning, on any machine: Slurm
+    # checks limits every 30 s, so the warning for TimeLimit=2 with a 60 s grace comes 60-90 s into the
+    # run; the sleep per step makes its >= 1100 remaining steps take >= 110 s however fast the node is.
+    step_seconds = "0.1" if time_limit else "0.04"
     reference = submit(job_root, backend, "--no-requeue", steps=steps)
     job = submit(job_root, backend, "--signal-grace", "60", "--checkpoint-every", "25", "--max-restarts", "8",
-                 script_args=("--step-seconds", "0.04"), steps=steps)
+                 script_args=("--step-seconds", step_seconds), steps=steps)
     timings = {}
     # 1. the scheduler's warning signal, as `scancel --signal` delivers it to the batch shell
     wait_for(lambda: progress(job_root, job, 1) >= 20, 240, "run 1 to train", release=job)
