@@ -10,6 +10,8 @@ import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from hpc_train.config.text import printable
+
 # Exit codes follow sysexits(3) where one fits, so wrappers can tell usage from infrastructure.
 EXIT_JOB_FAILED = 1
 EXIT_USAGE = 2
@@ -64,9 +66,13 @@ class Problem:
     hint: str | None = None
 
     def __str__(self) -> str:
+        # keys and file names come from the files themselves: a newline or U+202E in one must not reach the terminal
         where = self.source if self.line is None else f"{self.source}:{self.line}"
         text = f"{where}: {self.key}: {self.message}" if self.key else f"{where}: {self.message}"
-        return f"{text} ({self.hint})" if self.hint else text
+        return printable(f"{text} ({self.hint})" if self.hint else text)
+
+    def sort_key(self) -> tuple[str, int, str]:
+        return (self.source, self.line or 0, self.key)
 
 
 class ConfigError(HpcTrainError):
@@ -74,14 +80,23 @@ class ConfigError(HpcTrainError):
 
     exit_code = EXIT_CONFIG
 
+    SHOWN = 100  # a generated file can hold thousands of mistakes; the first hundred say enough
+
     def __init__(self, problems: Iterable[Problem] | Problem) -> None:
         self.problems = [problems] if isinstance(problems, Problem) else list(problems)
-        lines = [str(p) for p in self.problems]
-        if len(lines) == 1:
+        lines = [str(p) for p in self.problems[: self.SHOWN]]
+        if len(self.problems) > self.SHOWN:
+            lines.append(f"... and {len(self.problems) - self.SHOWN} more")
+        if len(self.problems) == 1:
             message = lines[0]
         else:
-            message = f"{len(lines)} problems:\n" + "\n".join(f"  - {line}" for line in lines)
+            message = f"{len(self.problems)} problems:\n" + "\n".join(f"  - {line}" for line in lines)
         super().__init__(message)
+
+
+class UnsafeValueError(ConfigError, ValueError):
+    """A value would change the meaning of a generated script (a newline in an #SBATCH line): the
+    last line of defence behind the models' checks, still a message rather than a traceback."""
 
 
 class TemplateError(ConfigError):
@@ -107,8 +122,8 @@ class PluginError(HpcTrainError):
 
 
 def did_you_mean(name: str, known: Iterable[str], kind: str = "name") -> str:
-    known = list(known)
-    close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+    known = [printable(str(k)) for k in known]
+    close = difflib.get_close_matches(printable(name), known, n=3, cutoff=0.5)
     if close:
         return "did you mean " + " or ".join(repr(c) for c in close) + "?"
     if not known:

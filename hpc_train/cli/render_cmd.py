@@ -16,10 +16,16 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hpc_train.api import make_job, plan_job, render_plan
+    from hpc_train.api import check_script, make_job, resolve_site
+    from hpc_train.cli.validate_cmd import checked_plan, render_checked
+    from hpc_train.plugin.manager import default_plugins
 
-    plan = plan_job(make_job(**job_options(args)))
-    sys.stdout.write(render_plan(plan))
+    plugins = default_plugins()
+    job = make_job(**job_options(args))
+    resolved = resolve_site(job.site, plugins)
+    check_script(job)
+    plan = checked_plan(job, resolved, plugins)  # the check `validate` runs, so the two agree
+    sys.stdout.write(render_checked(plan, plugins))
     # stderr, so `render > job.sh` stays the exact script; the sources are on each export line
     if plan.nccl_profile:
         asked = (plan.job.nccl_profile or "").split("+")[0]

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from hpc_train.config.fields import field_names
+from hpc_train.config.text import shorten
 from hpc_train.config.validate import ValidationError
 from hpc_train.errors import Problem, did_you_mean
 
@@ -98,7 +99,8 @@ def problems_from_validation(
 ) -> list[Problem]:
     problems = []
     for error in exc.errors(include_url=False):
-        loc: Loc = tuple(part for part in error["loc"] if not str(part).startswith("function-"))
+        # "[key]": the error is about a mapping's key, whose own line is the one to show
+        loc: Loc = tuple(part for part in error["loc"] if not str(part).startswith("function-") and part != "[key]")
         key = dotted(prefix + loc)
         src = source(loc) if callable(source) else source
         if error["type"] in UNKNOWN_KEY:
@@ -109,5 +111,5 @@ def problems_from_validation(
         message = _expected(error)
         if error["type"] not in ("missing", "value_error") and "input" in error:
             message += f", got {error['input']!r}"
-        problems.append(Problem(src, key, message, line_of(loc)))
+        problems.append(Problem(src, key, shorten(message, 400), line_of(loc)))  # a value may be a megabyte
     return problems

@@ -6,15 +6,13 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from hpc_train.config.fields import After, Before, Ge, Gt, Model, setting
-from hpc_train.config.models import Env, SbatchValue, SlurmTime
+from hpc_train.config.duration import optional_duration
+from hpc_train.config.fields import After, Before, Ge, Gt, Le, Model, setting
+from hpc_train.config.models import Env, MemSize, SbatchValue, SlurmTime, sbatch_problem
+from hpc_train.config.text import kind_of, unsafe_char
 from hpc_train.errors import UsageError
 from hpc_train.submission.layout import canonical as canonical_layout
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-# sbatch options hpc_train sets itself; passing them through --sbatch would contradict the plan.
-RESERVED_SBATCH = {"nodes", "ntasks-per-node", "ntasks", "output", "error", "job-name", "time", "partition", "gres"}
-SBATCH_KEY = re.compile(r"^[a-z][a-z0-9-]*$")
 AFTER_ID = re.compile(r"^[0-9]+(_[0-9]+)?$")
 
 
@@ -37,20 +35,19 @@ def _after(value: Any) -> list[str]:
 
 
 def _single_line(value: str | None) -> str | None:
-    # These become #SBATCH values: a newline would start a directive of the user's choosing.
-    if value is not None and _CONTROL.search(value):
-        raise ValueError("must not contain newlines or other control characters")
+    # These become #SBATCH values (a newline would start a directive of the user's choosing) or are
+    # shown by squeue and in the terminal (where U+202E would make a name read backwards).
+    char = unsafe_char(value) if value is not None else None
+    if char is not None:
+        raise ValueError(f"must not contain {kind_of(char)}")
     return value
 
 
 def _sbatch_keys(value: dict[str, Any]) -> dict[str, Any]:
     for key, item in value.items():
-        if not SBATCH_KEY.match(key):
-            raise ValueError(f"{key!r} is not an sbatch long option name (like 'mail-type')")
-        if key in RESERVED_SBATCH:
-            raise ValueError(f"--{key} is set by hpc_train; use the job option for it instead")
-        if isinstance(item, str) and _CONTROL.search(item):
-            raise ValueError(f"value of {key!r} must not contain newlines or other control characters")
+        message = sbatch_problem(key, item)
+        if message:
+            raise ValueError(message)
     return value
 
 
@@ -69,7 +66,7 @@ class JobSpec(Model):
     procs_per_node: Annotated[int, Ge(1)] | None = setting(None, "processes per node (default: GPUs per node, 1 on CPU)")
     gpus_per_node: Annotated[int, Ge(0)] | None = None
     cpus_per_task: Annotated[int, Ge(1)] | None = None
-    mem: Line = setting(None, "memory per node, as sbatch --mem takes it")
+    mem: Annotated[MemSize, After(_single_line)] = setting(None, "memory per node, as sbatch --mem takes it")
     partition: Line = None
     time: SlurmTime = setting(None, "time limit, Slurm format (12:00:00, 2-00:00:00)")
     job_name: Line = None
@@ -78,14 +75,14 @@ class JobSpec(Model):
     reservation: Line = None
     constraint: Line = None
     env: Env = setting(factory=dict)
-    nccl_profile: str | None = None
+    nccl_profile: Line = None
     backend_options: dict[str, Any] = setting(factory=dict)
     sbatch: Annotated[dict[str, SbatchValue], After(_sbatch_keys)] = setting(doc="extra #SBATCH options", factory=dict)
-    job_root: str | None = setting(None, "folder for job folders; default: the site's job_root")
+    job_root: Line = setting(None, "folder for job folders; default: the site's job_root")
     python: str | None = setting(None, "python on the compute nodes")
     container: bool | None = setting(None, "run in the site's container (default: the site's 'enabled')")
     container_image: str | None = setting(None, "run in this image (implies container)")
-    workdir: str | None = setting(None, "working directory of the job; default: where you submit from")
+    workdir: Line = setting(None, "working directory of the job; default: where you submit from")
     # training options, read inside the job by hpc_train.runtime (every backend)
     precision: Literal["fp32", "bf16", "fp16"] | None = None
     grad_clip: Annotated[float, Gt(0)] | None = setting(None, "clip the gradient norm to this value")
@@ -97,6 +94,13 @@ class JobSpec(Model):
     max_restarts: Annotated[int, Ge(0)] | None = None
     signal_grace: Annotated[int, Ge(10)] | None = setting(None, "seconds of warning before the time limit")
     on_failure: Literal["fail", "requeue"] | None = None
+    # failures nobody announces (docs/failures.md); defaults: the site's health section
+    hang_timeout: Annotated[float | None, Before(optional_duration)] = setting(
+        None, "no step for this long is a hang: dump stacks, name the rank, restart (300, 5m, off)")
+    spare_nodes: Annotated[int, Ge(0)] = setting(
+        0, "extra nodes in the allocation: a run that fails for a node restarts on them at once, without a requeue")
+    straggler_threshold: Annotated[float, Ge(0), Le(10)] | None = setting(
+        None, "name a rank this much slower than the median (0.2 = 20 %; 0: off)")
     checkpoint_every: Annotated[int, Ge(1)] | None = setting(None, "save every N steps (ckpt.step)")
     keep_checkpoints: Annotated[int, Ge(1)] | None = setting(None, "how many complete checkpoints to keep")
     async_checkpoint: bool | None = setting(None, "write periodic checkpoints in the background")

@@ -16,6 +16,8 @@ from hpc_train._resources import builtin_dir
 from hpc_train.config import site_cache
 from hpc_train.config.errors import problems_from_validation
 from hpc_train.config.models import SiteConfig
+from hpc_train.config.slurm_time import format_slurm_time, parse_slurm_time
+from hpc_train.config.text import kind_of, unsafe_char
 from hpc_train.config.validate import ValidationError, validate
 from hpc_train.errors import ConfigError, PluginError, Problem, UnknownNameError
 
@@ -86,9 +88,7 @@ class SiteRegistry:
         if self._sources is None:
             found: dict[str, SiteSource] = {}
             for folder, origin in self.search_dirs:
-                if not folder.is_dir():
-                    continue
-                for path in sorted(folder.iterdir()):
+                for path in _listing(folder):
                     if path.suffix not in SUFFIXES or not path.is_file():
                         continue
                     source = SiteSource(path.stem, path, origin)
@@ -111,7 +111,8 @@ class SiteRegistry:
                 candidate = relative_to / candidate
             if candidate.is_file():
                 return candidate
-            raise ConfigError(Problem(name_or_path, "", "site file not found"))
+            what = "is a folder, not a site file" if candidate.is_dir() else "site file not found"
+            raise ConfigError(Problem(name_or_path, "", what))
         if self.check is not None:
             self.check(name_or_path, self.sources)
         source = self.sources.get(name_or_path)
@@ -130,7 +131,8 @@ class SiteRegistry:
 
     def _load(self, path: Path) -> ResolvedSite:
         digests: dict[str, str] = {}
-        data, provenance, chain = self._load_chain(path, [], digests)
+        unsafe: list[Problem] = []  # characters no value may hold, found file by file
+        data, provenance, chain = self._load_chain(path, [], digests, unsafe)
         data.setdefault("name", path.stem)  # a parent's name was dropped in the merge
         try:
             config = validate(SiteConfig, data)
@@ -141,15 +143,16 @@ class SiteRegistry:
             def line_of(loc: Loc) -> int | None:
                 return _lookup(provenance, loc)[1]
 
-            raise ConfigError(problems_from_validation(exc, SiteConfig, source_of, line_of)) from None
-        problems = check_site(config, provenance, display_path(path))
+            found = problems_from_validation(exc, SiteConfig, source_of, line_of)
+            raise ConfigError(sorted(unsafe + _not_about(found, unsafe), key=Problem.sort_key)) from None
+        problems = unsafe + check_site(config, provenance, display_path(path))
         if problems:
-            raise ConfigError(problems)
+            raise ConfigError(sorted(problems, key=Problem.sort_key))
         provenance.setdefault(("name",), (display_path(path), None))  # from the file name
         flat = {".".join(map(str, loc)): value for loc, value in provenance.items()}
         return ResolvedSite(config, path, chain, flat, digests)
 
-    def _load_chain(self, path: Path, seen: list[Path], digests: dict[str, str],
+    def _load_chain(self, path: Path, seen: list[Path], digests: dict[str, str], unsafe: list[Problem],
                     ) -> tuple[dict[str, Any], dict[Loc, tuple[str, int | None]], list[Path]]:
         from hpc_train.config.yaml_lines import (  # YAML only when no cached site will do
             parse_yaml,
@@ -163,10 +166,12 @@ class SiteRegistry:
         raw = read_bytes(path, display)
         digests[str(path)] = site_cache.digest(raw)
         data, lines = parse_yaml(raw, display)
-        if data is None:
-            data = {}
+        if data is None:  # an empty file, or only comments: a file that lost its contents, not a site
+            raise ConfigError(Problem(display, "", "the site file is empty",
+                                      hint="a site needs at least one key, e.g. 'extends: generic-slurm'"))
         if not isinstance(data, dict):
             raise ConfigError(Problem(display, "", f"a site file must be a mapping of keys, got {type(data).__name__}", 1))
+        unsafe.extend(unsafe_text(data, lines, display))
         own: dict[Loc, tuple[str, int | None]] = {}
         _record(data, (), lines, display, own)
         parent_name = data.get("extends")
@@ -178,7 +183,11 @@ class SiteRegistry:
             parent_path = self.locate(parent_name, relative_to=path.parent)
         except (UnknownNameError, PluginError) as exc:
             raise ConfigError(Problem(display, "extends", exc.message, lines.get(("extends",)), exc.hint)) from None
-        parent, parent_prov, chain = self._load_chain(parent_path, seen + [path.resolve()], digests)
+        except ConfigError:  # a path with nothing there: name the line that points at it
+            folder = (path.parent / Path(parent_name).expanduser()).is_dir()
+            message = f"{parent_name!r} is a folder, not a site file" if folder else f"no site file at {parent_name!r}"
+            raise ConfigError(Problem(display, "extends", message, lines.get(("extends",)))) from None
+        parent, parent_prov, chain = self._load_chain(parent_path, seen + [path.resolve()], digests, unsafe)
         parent.pop("name", None)
         merged = deep_merge(parent, data)
         provenance = dict(parent_prov)
@@ -217,6 +226,56 @@ def _lookup(provenance: dict[Loc, tuple[str, int | None]], loc: Loc) -> tuple[st
     return ("", None)
 
 
+def _listing(folder: Path) -> list[Path]:
+    """A search folder's entries; one that cannot be read is skipped like one that does not exist."""
+    try:
+        return sorted(folder.iterdir()) if folder.is_dir() else []
+    except OSError:
+        return []
+
+
+# setup lines are shell the admin writes: a multi-line block is fine there, nowhere else
+_MULTILINE_OK: dict[Loc, str] = {("setup",): "\n\t"}
+
+
+def unsafe_text(data: Any, lines: dict[Loc, int], display: str, loc: Loc = ()) -> list[Problem]:
+    """Keys and text holding control or invisible formatting characters (hpc_train.config.text):
+    they reach the job script, the terminal and squeue, where they hide or change what a value says."""
+    problems: list[Problem] = []
+    if isinstance(data, dict):
+        for key, value in data.items():
+            here = loc + (str(key),)
+            char = unsafe_char(str(key))
+            if char is not None:
+                problems.append(Problem(display, ".".join(map(str, here)), f"a key must not contain {kind_of(char)}", lines.get(here)))
+                continue
+            problems += unsafe_text(value, lines, display, here)
+    elif isinstance(data, list):
+        for index, item in enumerate(data):
+            problems += unsafe_text(item, lines, display, loc + (index,))
+    elif isinstance(data, str):
+        char = unsafe_char(data, allow=_MULTILINE_OK.get(loc[:-1], ""))
+        if char is not None:
+            problems.append(Problem(display, ".".join(map(str, loc)), f"must not contain {kind_of(char)}", _lookup_line(lines, loc)))
+    return problems
+
+
+def _lookup_line(lines: dict[Loc, int], loc: Loc) -> int | None:
+    for end in range(len(loc), -1, -1):
+        if loc[:end] in lines:
+            return lines[loc[:end]]
+    return None
+
+
+def _not_about(found: list[Problem], unsafe: list[Problem]) -> list[Problem]:
+    """The model's problems, less those about a value already reported for its characters."""
+    def covered(problem: Problem) -> bool:
+        return any(u.source == problem.source and (u.key == problem.key or u.key.startswith(problem.key + ".")
+                                                   or problem.key.startswith(u.key + ".")) for u in unsafe)
+
+    return [p for p in found if not covered(p)]
+
+
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     """Mappings merge key by key; anything else (lists included) is replaced by the child's value."""
     merged = dict(base)
@@ -242,12 +301,30 @@ def check_site(config: SiteConfig, provenance: dict[Loc, tuple[str, int | None]]
         problem(("default_partition",), f"no partition named {config.default_partition!r}",
                 did_you_mean(config.default_partition, config.partitions, "partition"))
     for name, part in config.partitions.items():
-        if part.nccl_profile and part.nccl_profile not in config.nccl_profiles:
+        if part.nccl_profile is not None and part.nccl_profile not in config.nccl_profiles:
             problem(("partitions", name, "nccl_profile"), f"no NCCL profile named {part.nccl_profile!r}",
                     did_you_mean(part.nccl_profile, config.nccl_profiles, "profile"))
     if config.container.runtime != "none" and not config.container.image:
         problem(("container", "image"), f"container runtime {config.container.runtime!r} needs an image")
+    for name, part in config.partitions.items():
+        for loc, message in _time_problems(config, part):
+            problem(("partitions", name, *loc), message)
     return problems
+
+
+def _time_problems(config: SiteConfig, part: Any) -> list[tuple[Loc, str]]:
+    """A partition's default time against its limit and the requeue warning: what every job there would hit."""
+    if part.default_time is None:
+        return []
+    default = parse_slurm_time(part.default_time)
+    if part.max_time is not None and default > parse_slurm_time(part.max_time):
+        return [(("default_time",), f"{format_slurm_time(default)} is longer than max_time "
+                 f"{format_slurm_time(parse_slurm_time(part.max_time))}")]
+    grace = config.requeue.grace_seconds
+    if config.scheduler == "slurm" and config.requeue.enabled and grace >= default:
+        return [(("default_time",), f"{format_slurm_time(default)} leaves no time before the requeue warning "
+                 f"(requeue.grace_seconds: {grace} s before the limit)")]
+    return []
 
 
 def load_site(name_or_path: str, plugin_dirs: Iterable[tuple[Path, str]] = ()) -> ResolvedSite:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 FORMAT = 1
 # the code a resolved site depends on: the config package and the NCCL catalogue its checks use
-_CODE = [*sorted(Path(__file__).parent.glob("*.py")), Path(__file__).parent.parent / "nccl.py"]
+_CODE = [*sorted(Path(__file__).parent.glob("*.py")), Path(__file__).parent.parent / "fabric" / "nccl.py"]
 
 
 def _entry(path: Path) -> Path | None:

@@ -31,7 +31,7 @@ from hpc_train.config.fields import default_of
 __all__ = ["ValidationError", "dump", "validate", "validator"]
 
 T = TypeVar("T")
-FORMAT = 1  # bump when the entry layout changes
+FORMAT = 2  # bump when the entry layout changes
 
 
 def validate(cls: type[T], data: Any) -> T:
@@ -127,10 +127,47 @@ def _build(cls: type) -> tuple[dict[str, Any], dict[str, tuple[int, int]]]:
     return schema, files
 
 
+def no_bool_int(value: Any) -> Any:
+    """pydantic takes ``true`` for 1 where a number is wanted; a count or a size is never a yes."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected an integer, got {value!r}")
+    return value
+
+
+def no_bool_float(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got {value!r}")
+    return value
+
+
+_SIMPLE = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true/false", "none": "null"}
+
+
+def _one_error(union: dict[str, Any]) -> dict[str, Any]:
+    """A union of plain types fails once, saying what would do ("expected a string, an integer or
+    true/false"), not once per member under keys like ``account.str``; richer unions keep their errors."""
+    names = []
+    for choice in union["choices"]:
+        schema = choice[0] if isinstance(choice, (tuple, list)) else choice
+        while schema.get("type", "").startswith("function-") and "schema" in schema:
+            schema = schema["schema"]
+        if schema.get("type") not in _SIMPLE:
+            return union
+        names.append(_SIMPLE[schema["type"]])
+    listed = ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else names[0]
+    return {**union, "custom_error_type": "union_mismatch", "custom_error_message": f"expected {listed}"}
+
+
 def _strip(node: Any) -> Any:
     # "metadata" holds pydantic's JSON-schema hooks (closures into pydantic); validation never reads it
     if isinstance(node, dict):
-        return {k: _strip(v) for k, v in node.items() if k != "metadata"}
+        stripped = {k: (_strip(v) if k != "serialization" else v) for k, v in node.items() if k != "metadata"}
+        if stripped.get("type") in ("int", "float"):
+            check = no_bool_int if stripped["type"] == "int" else no_bool_float
+            return {"type": "function-before", "function": {"type": "no-info", "function": check}, "schema": stripped}
+        if stripped.get("type") == "union" and "custom_error_type" not in stripped:
+            return _one_error(stripped)
+        return stripped
     if isinstance(node, list):
         return [_strip(v) for v in node]
     return node

@@ -130,3 +130,119 @@ def test_invalid_env_names_and_safe_partition_names(site_dir):
     text = str(info.value)
     assert "not a valid environment variable name" in text
     assert "partition name 'a;rm' is not valid" in text
+
+
+# --- site files are hostile input -------------------------------------------------------------------
+
+def _problems(site_dir, text: str | bytes, name: str = "mine") -> str:
+    path = site_dir / f"{name}.yaml"
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    with pytest.raises(ConfigError) as info:
+        load_site(name)
+    return str(info.value)
+
+
+def test_storage_keys_must_make_a_variable_name(site_dir):
+    text = _problems(site_dir, 'storage:\n  datasets: /d\n  "a;touch /tmp/x;b": /e\n  my-data: /f\n')
+    assert "mine.yaml:3: storage.a;touch /tmp/x;b: 'a;touch /tmp/x;b' is not a storage name" in text
+    assert "mine.yaml:4: storage.my-data:" in text and "did you mean 'my_data'?" in text
+
+
+def test_site_sbatch_keys_are_checked_like_the_jobs(site_dir):
+    text = _problems(site_dir, 'sbatch:\n  "mail-type\\nnodes": END\npartitions:\n  p:\n    sbatch: {time: 5, "a b": 1}\n')
+    assert "mine.yaml:2: sbatch.mail-type\\nnodes: a key must not contain newlines" in text
+    assert "mine.yaml:5: partitions.p.sbatch.time: --time is set by hpc_train; use --time, or a partition's default_time" in text
+    assert "partitions.p.sbatch.a B" not in text and "'a b' is not an sbatch long option name" in text
+
+
+@pytest.mark.parametrize("value, found", [
+    ('"a\\x01"', "U+0001"), ('"x\\ny"', "U+000A (a newline)"), ('"evil\\u202egnp"', "U+202E RIGHT-TO-LEFT OVERRIDE"),
+    ('"zero\\u200bwidth"', "U+200B ZERO WIDTH SPACE"), ('"x\\u2028y"', "U+2028 LINE SEPARATOR"),
+])
+def test_control_and_formatting_characters_are_refused_with_their_line(site_dir, value, found):
+    text = _problems(site_dir, f"description: ok\npartitions:\n  p:\n    gpu_type: {value}\n    constraint: {value}\n")
+    assert "mine.yaml:4: partitions.p.gpu_type: must not contain" in text and found in text
+    assert "mine.yaml:5: partitions.p.constraint:" in text
+    assert "\u202e" not in text and "\x01" not in text  # shown escaped, never as themselves
+
+
+def test_setup_lines_may_be_a_multi_line_block(site_dir):
+    write(site_dir / "mine.yaml", "setup:\n  - |\n    if true; then\n    \techo hi\n    fi\n")
+    assert "echo hi" in load_site("mine").config.setup[0]
+
+
+def test_alias_bomb_is_refused_at_once(site_dir):
+    bomb = 'a0: &a0 ["x","x","x","x","x","x","x","x","x"]\n' + "".join(
+        f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]\n" for i in range(1, 10))
+    import time
+
+    started = time.monotonic()
+    text = _problems(site_dir, bomb)
+    assert time.monotonic() - started < 1
+    assert "mine.yaml:6: this value holds more than 100000 values once its aliases are expanded" in text
+
+
+@pytest.mark.parametrize("yaml_text, fragment", [
+    ("env: &e {A: *e}\n", "mine.yaml:1: an alias refers to the value that contains it"),
+    ("backends:\n  torchrun: " + "{a: " * 80 + "1" + "}" * 80 + "\n", "mine.yaml:2: values are nested more than 64 levels"),
+    ("env: " + "[" * 2000 + "]" * 2000 + "\n", "YAML syntax error"),
+    ("master_port: !!int abc\n", "mine.yaml:1: master_port: cannot read 'abc' as a number"),
+    ("description: !!binary aGVsbG8=\n", "mine.yaml:1: description: YAML tag !!binary is not supported here"),
+    ("partitions:\n  3090: {}\n", "mine.yaml:2: partitions.3090: a key must be a name, this one is read as a number (quote it)"),
+    ("", "mine.yaml: the site file is empty"),
+    ("# only a comment\n", "mine.yaml: the site file is empty"),
+    ("extends: ./\n", "mine.yaml:1: extends: './' is a folder, not a site file"),
+    ("extends: ./nope.yaml\n", "mine.yaml:1: extends: no site file at './nope.yaml'"),
+    ("partitions:\n  p:\n    gpus_per_node: true\n", "mine.yaml:3: partitions.p.gpus_per_node: expected an integer, got True"),
+    ("partitions:\n  p:\n    mem_per_node: lots\n", "mine.yaml:3: partitions.p.mem_per_node: 'lots' is not a memory size"),
+    ("template: ../../etc/passwd\n", "mine.yaml:1: template: '../../etc/passwd' is not a template name"),
+    ('partitions:\n  p:\n    max_time: "1:00:00"\n    default_time: "2:00:00"\n',
+     "mine.yaml:4: partitions.p.default_time: 02:00:00 is longer than max_time 01:00:00"),
+    ("requeue: {enabled: true}\npartitions:\n  p: {default_time: 1}\n",
+     "mine.yaml:3: partitions.p.default_time: 00:01:00 leaves no time before the requeue warning"),
+    ("partitions:\n  p:\n    default_time: 1.5\n", "got 1.5 (quote it)"),
+])
+def test_broken_files_say_file_line_and_key(site_dir, yaml_text, fragment):
+    assert fragment in _problems(site_dir, yaml_text)
+
+
+def test_non_utf8_and_huge_files(site_dir):
+    assert "mine.yaml:2: the file is not UTF-8 text" in _problems(site_dir, b"description: a\nenv: {A: caf\xe9}\n")
+    assert "larger than 1 MiB" in _problems(site_dir, b"description: a\n#" + b"x" * (2 << 20) + b"\n")
+
+
+def test_unquoted_times_mean_what_slurm_means(site_dir):
+    from hpc_train.config.slurm_time import parse_slurm_time
+
+    write(site_dir / "mine.yaml", "partitions:\n  p:\n    max_time: 12:00:00\n    default_time: 30:00\nenv: {T: 1:30}\n")
+    site = load_site("mine").config
+    assert parse_slurm_time(site.partitions["p"].max_time) == 12 * 3600  # not 43200 minutes
+    assert parse_slurm_time(site.partitions["p"].default_time) == 30 * 60  # MM:SS, as sbatch reads it
+    assert site.env["T"] == "1:30"
+
+
+def test_merge_keys_share_partition_settings(site_dir):
+    write(site_dir / "mine.yaml", "partitions:\n  a: &gpu\n    gpus_per_node: 8\n    max_nodes: 2\n"
+                                  "  b:\n    <<: *gpu\n    max_nodes: 4\n")
+    resolved = load_site("mine")
+    assert resolved.config.partitions["b"].gpus_per_node == 8 and resolved.config.partitions["b"].max_nodes == 4
+    assert resolved.provenance["partitions.b.max_nodes"][1] == 7
+    assert resolved.provenance["partitions.b.gpus_per_node"][1] == 3  # where the shared value is written
+
+
+def test_a_bad_file_on_the_site_path_does_not_break_sites(site_dir):
+    from hpc_train.cli.sites_cmd import run
+
+    write(site_dir / "ok.yaml", "description: fine\n")
+    write(site_dir / "bomb.yaml", "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [" + ", ".join([f"*{p}"] * 10) + "]\n" for p, c in zip("abcde", "bcdef")))
+    write(site_dir / "ev\u202eil.yaml", "description: x\n")
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert run(None) == 0
+    text = out.getvalue()
+    assert "fine" in text and "INVALID: " in text and "alias bomb" in text
+    assert "\u202e" not in text and "ev\\u202eil" in text

@@ -119,3 +119,74 @@ def test_defaults_stand_in_even_for_required_fields():
 
     stand_in = defaults(Needs)
     assert (stand_in.name, stand_in.depth) == (None, 2)
+
+
+# --- the `validate` command: the check `render` runs, plus warnings ----------------------------------
+
+def _cli(*argv: str) -> tuple[int, str, str]:
+    import contextlib
+    import io
+
+    from hpc_train.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "train.py", "print('hi')\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("files, fragment", [
+    ({"s.yaml": "extends: generic-slurm\ntemplate: nope.sh.j2\n"}, "s.yaml:2: template: template 'nope.sh.j2' not found"),
+    ({"s.yaml": "template: bad.sh.j2\ntemplate_dirs: [t]\n", "t/bad.sh.j2": "#!/bin/bash\n{% if %}\n"},
+     "bad.sh.j2:2: template syntax error"),
+    ({"s.yaml": "template: typo.sh.j2\ntemplate_dirs: [t]\n", "t/typo.sh.j2": "{{ plan.partiton }}\n"}, "partiton"),
+    ({"s.yaml": "template: err.sh.j2\ntemplate_dirs: [t]\n", "t/err.sh.j2": "{{ 1 + 'a' }}\n"}, "the template failed"),
+    ({"s.yaml": "backends:\n  deepspeed: {stagee: 2}\n"}, "s.yaml:2: backends.deepspeed.stagee: unknown key"),
+    ({"s.yaml": "backends:\n  torchrun: {max_restarts: true}\n"}, "s.yaml:2: backends.torchrun.max_restarts: expected an integer"),
+    ({"s.yaml": 'partitions:\n  p: {max_time: "1:00:00", default_time: "2:00:00"}\n'}, "s.yaml:2: partitions.p.default_time"),
+    ({"s.yaml": "storage:\n  my-data: /d\n"}, "s.yaml:2: storage.my-data"),
+])
+def test_validate_and_render_refuse_the_same_sites(here, files, fragment):
+    for name, text in files.items():
+        write(here / name, text)
+    code, _, err = _cli("validate", "--site", "s.yaml")
+    assert code == 78 and fragment in err, err
+    code, script, err = _cli("render", "--site", "s.yaml", "train.py")
+    assert code == 78 and fragment in err and not script, err
+    assert "Traceback" not in err
+
+
+def test_validate_shows_warnings_sorted_by_file_and_line(here):
+    write(here / "s.yaml", "extends: generic-slurm\nenv:\n  NCCL_DEBUG: INFO\n  NCCL_WHATEVER_NEW: 1\n"
+                           "nccl_profiles:\n  fast: {NCCL_DEBUG_SUBSYS: ALL}\n")
+    code, out, err = _cli("validate", "--site", "s.yaml")
+    assert code == 0 and "ok: s" in out
+    lines = [line for line in err.splitlines() if line.startswith("warning: s.yaml")]
+    assert len(lines) >= 2
+    numbers = [int(line.split(":")[2]) for line in lines]
+    assert numbers == sorted(numbers) and numbers[0] == 3
+
+
+def test_validate_gives_renders_exit_code_for_the_same_error(here):
+    assert _cli("validate", "--site", "nope")[0] == _cli("render", "--site", "nope", "train.py")[0] == 2
+    write(here / "empty.yaml", "")
+    assert _cli("validate", "--site", "empty.yaml")[0] == _cli("render", "--site", "empty.yaml", "train.py")[0] == 78
+
+
+def test_a_bool_is_never_a_number_and_a_union_fails_once():
+    from hpc_train.config.models import SiteConfig
+
+    with pytest.raises(ValidationError) as caught:
+        validate(JobSpec, {"nodes": True, "grad_clip": True})
+    assert {e["loc"][0] for e in caught.value.errors()} == {"nodes", "grad_clip"}
+    with pytest.raises(ValidationError) as caught:
+        validate(SiteConfig, {"name": "x", "sbatch": {"account": {"a": 1}}})
+    [problem] = problems_from_validation(caught.value, SiteConfig, "s.yaml")
+    assert problem.key == "sbatch.account" and problem.message.startswith("expected a string, an integer or true/false")
