@@ -3,7 +3,8 @@
 srun and mpirun start one process per rank but set only their own variables. This shim exports the
 torch.distributed ones (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...) so any script, gloo and
 DeepSpeed included, finds its place, then replaces itself with the script. It imports no framework.
-``--local-rank-arg`` adds ``--local_rank=N`` as the deepspeed launcher does.
+``--local-rank-arg`` adds ``--local_rank=N`` as the deepspeed launcher does, and records that it did
+(``hpc_train.runtime.argv``): a script that imports ``hpc_train.runtime`` gets it taken off again.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
+from hpc_train.runtime.argv import mark
 from hpc_train.runtime.environment import detect
 
 
@@ -31,7 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     env = detect()
     os.environ.update(env.as_torch_env())
     if local_rank_arg:
-        args = [f"--local_rank={env.local_rank}", *args]
+        added = [f"--local_rank={env.local_rank}"]
+        args = [*added, *args]
+        # execv keeps the process id: the record is for the script this process becomes, not its children
+        os.environ.update(mark(added, os.getpid()))
     sys.stdout.flush()
     os.execv(sys.executable, [sys.executable, "-u", script, *args])
     return 0  # not reached
