@@ -18,6 +18,22 @@ NO_RETRY = "no_retry"  # HPC_TRAIN_NO_RETRY_FILE: why --on-failure requeue must 
 METRICS = "metrics"  # the metrics folder (steps.jsonl, TensorBoard events, the Prometheus textfile)
 STEPS = "steps.jsonl"  # one JSON line per optimizer step, in METRICS
 RECORD = "hpc_train.json"  # the job's record (hpc_train.jobs.handle.JobRecord)
+HEARTBEATS = "heartbeats"  # rank-N.json: each rank's last step and when (hpc_train.runtime.heartbeat)
+DUMPS = "dumps"  # run-R/rank-N.txt: every thread's stack, written when the watchdog asks
+HANGS = "hangs.jsonl"  # one line per hang the watchdog declared: who was behind, where, how long
+HANG_RUN = "hang_run"  # the run the watchdog ended (its number): the batch script retries it
+SUSPECT_NODES = "suspect_nodes.jsonl"  # nodes a hang or crash points at, and why; requeues avoid them
+EXCLUDE_NODES = "exclude_nodes"  # the ExcNodeList the failure path sets after it requeues (comma-separated)
+RUN_START_STEP = "run_start_step"  # "RUN STEP": the newest committed checkpoint when the run began
+STRAGGLERS = "stragglers.jsonl"  # one line per rank named slower than the others (hpc_train.runtime.straggler)
+
+# Variables the plan exports and the job reads (their values are set on the login side).
+ENV_HANG_TIMEOUT = "HPC_TRAIN_HANG_TIMEOUT"  # seconds without a step before a hang; "0" turns detection off
+ENV_STRAGGLER_THRESHOLD = "HPC_TRAIN_STRAGGLER_THRESHOLD"  # fraction slower than the median: 0.2 = 20 %
+ENV_STRAGGLER_WINDOW = "HPC_TRAIN_STRAGGLER_WINDOW"  # steps per comparison window
+ENV_HEARTBEATS = "HPC_TRAIN_HEARTBEATS"  # set when a watchdog runs: the folder the ranks beat into
+ENV_EXCLUDE_SUSPECTS = "HPC_TRAIN_EXCLUDE_SUSPECTS"  # "1": a requeue after a hang or crash avoids its node
 
 #: the names as the template sees them: ``{{ files.RUNS }}``
-FILES = SimpleNamespace(**{name: value for name, value in globals().items() if name.isupper() and isinstance(value, str)})
+FILES = SimpleNamespace(**{name: value for name, value in globals().items()
+                           if name.isupper() and isinstance(value, str) and not name.startswith("ENV_")})

@@ -51,6 +51,14 @@ def _add_checkpoint_options(c: argparse._ArgumentGroup) -> None:
     c.add_argument("--max-restarts", type=int, metavar="N", help="requeues allowed before the job stops for good")
     c.add_argument("--signal-grace", type=int, metavar="SECONDS", help="warning this long before the time limit")
     c.add_argument("--on-failure", choices=["fail", "requeue"], help="a crashed run: fail, or requeue within the budget")
+    c.add_argument("--hang-timeout", metavar="DURATION",
+                   help="no step for this long is a hang: stacks dumped, the rank named, the run restarted "
+                        "(300, 5m, off; default: learned from the run's step time)")
+    c.add_argument("--spare-nodes", type=int, metavar="K",
+                   help="allocate K more nodes; a run that fails for a node (a hang, a crash there) restarts on "
+                        "the others inside the allocation, without a requeue or a queue wait")
+    c.add_argument("--straggler-threshold", type=float, metavar="FRACTION",
+                   help="name a rank slower than the median by more than this (default 0.2 = 20 %%; 0: off)")
     c.add_argument("--checkpoint-every", type=int, metavar="N", help="save every N steps")
     c.add_argument("--keep-checkpoints", type=int, metavar="K", help="complete checkpoints to keep (default 2)")
     c.add_argument("--async-checkpoint", action=argparse.BooleanOptionalAction, default=None,
@@ -149,6 +157,9 @@ def job_options(args: argparse.Namespace) -> dict[str, Any]:
         "max_restarts": args.max_restarts,
         "signal_grace": args.signal_grace,
         "on_failure": args.on_failure,
+        "hang_timeout": args.hang_timeout,
+        "straggler_threshold": args.straggler_threshold,
+        "spare_nodes": args.spare_nodes,
         "checkpoint_every": args.checkpoint_every,
         "keep_checkpoints": args.keep_checkpoints,
         "async_checkpoint": args.async_checkpoint,

@@ -43,6 +43,19 @@ _CHUNK = 8 << 20
 _TORCH_WRITE_FAILED = ("unexpected pos", "file write failed", "failed writing")  # torch's own writer's words
 
 
+def committed(folder: Path) -> list[tuple[int, Path]]:
+    """The committed checkpoints in ``folder``, newest first (torch-free: the batch script asks too)."""
+    found = []
+    if folder.is_dir():
+        for path in folder.iterdir():
+            if path.name.startswith("step-") and "." not in path.name and (path / COMMIT).is_file():
+                try:
+                    found.append((int(path.name[5:]), path))
+                except ValueError:
+                    continue
+    return sorted(found, reverse=True)
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written (the previous one is untouched), or none could be loaded.
 
@@ -275,15 +288,7 @@ class Checkpointer:
     # -- finding checkpoints ----------------------------------------------------------------------
     def complete(self) -> list[tuple[int, Path]]:
         """Committed checkpoints, newest first."""
-        found = []
-        if self.folder.is_dir():
-            for path in self.folder.iterdir():
-                if path.name.startswith("step-") and "." not in path.name and (path / COMMIT).is_file():
-                    try:
-                        found.append((int(path.name[5:]), path))
-                    except ValueError:
-                        continue
-        return sorted(found, reverse=True)
+        return committed(self.folder)
 
     def restore(self) -> int:
         """The step to continue from: 0 on a fresh job, else the newest checkpoint that loads.

@@ -14,6 +14,7 @@ from hpc_train.runtime.base import BackendRuntime, apply_activation_checkpointin
 from hpc_train.runtime.checkpoint import Checkpointer
 from hpc_train.runtime.data import DistributedLoader, batches
 from hpc_train.runtime.environment import DistEnv, detect
+from hpc_train.runtime.heartbeat import Heartbeat
 from hpc_train.runtime.metrics import recorder_for
 from hpc_train.runtime.options import RuntimeOptions
 from hpc_train.runtime.parallel import ParallelState, with_layout
@@ -32,6 +33,8 @@ class Context:
         # per-step metrics (hpc_train.runtime.metrics); None when off (HPC_TRAIN_METRICS=0)
         self.metrics = runtime.metrics = recorder_for(backend, runtime, default=metrics)
         self._checkpointers: list[Checkpointer] = []  # closed by shutdown(): their threads end with the job
+        # progress for the job's watchdog (hang detection); None unless the batch script runs one
+        self.heartbeat = Heartbeat.from_env(env.rank)
         self._shut_down = False
 
     # -- identity ----------------------------------------------------------------------------
@@ -64,6 +67,12 @@ class Context:
         model, optimizer = self.runtime.prepare(model, optimizer)
         if self.metrics is not None:
             self.metrics.watch(model)
+        if self.heartbeat is not None:
+            # an evaluation pass makes no optimizer step but is not a hang (on the unwrapped model too)
+            heartbeat = self.heartbeat
+            for module in {id(m): m for m in (model, self.runtime.unwrap(model))}.values():
+                if hasattr(module, "register_forward_pre_hook"):
+                    module.register_forward_pre_hook(lambda *_: heartbeat.alive())
         return model, optimizer
 
     def loader(self, dataset: Any, batch_size: int, *, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
@@ -106,6 +115,8 @@ class Context:
         stepped = self.runtime.step()
         if stepped and self.metrics is not None:
             self.metrics.on_step()
+        if stepped and self.heartbeat is not None:
+            self.heartbeat.beat()
         return stepped
 
     def log(self, **scalars: Any) -> None:
@@ -164,12 +175,14 @@ class Context:
         """
         self._teardown(orderly=True)
 
-    def _teardown(self, orderly: bool) -> None:
+    def _teardown(self, orderly: bool, error: BaseException | None = None) -> None:
         """``orderly=False``: this process only, with no collective (the other ranks may be gone)."""
         if self._shut_down:
             return
         self._shut_down = True
         atexit.unregister(self._at_exit)
+        if self.heartbeat is not None:  # the rank whose own error came first names the node to avoid
+            self.heartbeat.finishing(None if orderly else error or _uncaught() or RuntimeError("ended by an error"))
         try:
             if self.metrics is not None:
                 self.metrics.close()
@@ -178,19 +191,25 @@ class Context:
                     checkpointer.close()  # joins the async writer and the stop watcher (a collective)
                 self.runtime.barrier()
         finally:
+            if self.heartbeat is not None:
+                self.heartbeat.close()
             self.runtime.shutdown()
 
     def _at_exit(self) -> None:
         # The script ended without shutdown(). After an uncaught exception (Python has set sys.last_value)
         # the other ranks may be mid-collective or gone: a collective here could hang, so skip them.
-        failed = getattr(sys, "last_exc", None) is not None or getattr(sys, "last_value", None) is not None
-        self._teardown(orderly=not failed)
+        self._teardown(orderly=_uncaught() is None)
 
     def __enter__(self) -> Context:
         return self
 
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        self._teardown(orderly=exc_type is None)
+    def __exit__(self, exc_type: Any, exc: Any, *_: Any) -> None:
+        self._teardown(orderly=exc_type is None, error=exc)
+
+
+def _uncaught() -> BaseException | None:
+    """The exception that ended the script, once Python's excepthook has recorded it."""
+    return getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
 
 
 def runtime_class(backend: str) -> type[BackendRuntime]:

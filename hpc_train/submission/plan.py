@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from hpc_train import contract
 from hpc_train.config.errors import problems_from_validation
 from hpc_train.config.fields import field_names
 from hpc_train.config.job import JobSpec
@@ -75,6 +76,8 @@ class JobPlan:
     extra: dict[str, Any] = field(default_factory=dict)
     warnings: list[Problem] = field(default_factory=list)  # worth saying, not worth stopping for (render prints them)
     sweep: Any = None  # hpc_train.sweeps.arrays.ArrayPart: this script is one array of a sweep (its tasks, their overrides)
+    watchdog: bool = False  # the batch script runs hpc_train.runtime.watchdog next to the step (hangs)
+    spare_nodes: int = 0  # allocated beyond ``nodes``: a failed run restarts on them inside the allocation
 
     @property
     def backend_name(self) -> str:
@@ -166,13 +169,14 @@ def build_plan(
         problems.add("nccl_profile", message, hint)
     _check_container(job, site, problems)
     requeue = _requeue(job, site, res, problems)
+    _check_spares(job, site, res, requeue, kind, problems)
     layout = _layout(job, res, plugins, problems)
     for message in plugins.validate_job(job, site):
         problems.add("", message, source=f"site policy ({site.name})")
     if problems:
         raise ConfigError(list(problems))
     names = _names(job, site, kind, function_name)
-    info = _launch_info(job, site, res, names, requeue, extra_script_args)
+    info = _launch_info(job, site, res, names, requeue, extra_script_args, layout)
     env = _environment(job, site, res, selection, backend, options, info, plugins, layout, names, requeue)
     tasks = backend.tasks_per_node(res.procs) if kind == "script" else res.procs
     script_job = kind == "script"
@@ -184,6 +188,7 @@ def build_plan(
         directives=_directives(job, site, res, tasks, names, requeue, plugins, backend.name),
         env=sorted(env.values(), key=lambda e: e.name), nccl_profile=selection.label,
         launch=backend.launch(info) if script_job else [], requeue=requeue.enabled,
+        watchdog=script_job and _watchdog(job, site, requeue), spare_nodes=job.spare_nodes,
         max_restarts=job.max_restarts if job.max_restarts is not None else requeue.policy.max_restarts,
         signal=requeue.policy.signal, signal_grace=requeue.grace, on_failure=job.on_failure or requeue.policy.on_failure,
         release_held=requeue.policy.release_held, srun_args=backend.srun_args(info) if script_job else [],
@@ -255,6 +260,48 @@ def _requeue(job: JobSpec, site: SiteConfig, res: _Resources, problems: _Problem
     return _Requeue(enabled, grace, policy)
 
 
+def _check_spares(job: JobSpec, site: SiteConfig, res: _Resources, requeue: _Requeue, kind: str,
+                  problems: _Problems) -> None:
+    if not job.spare_nodes:
+        return
+    if not requeue.enabled or kind != "script":
+        problems.add("spare_nodes", "spare nodes restart a failed run inside the allocation: that needs a script job "
+                     "on a Slurm site with requeue on", "drop --spare-nodes, or add --requeue")
+    total = job.nodes + job.spare_nodes
+    if res.part.max_nodes is not None and total > res.part.max_nodes:
+        problems.add("spare_nodes", f"{job.nodes} nodes + {job.spare_nodes} spare = {total}: partition "
+                     f"{res.part_name!r} allows at most {res.part.max_nodes}",
+                     f"use --spare-nodes {max(res.part.max_nodes - job.nodes, 0)} or fewer")
+
+
+def _hang_timeout(job: JobSpec, site: SiteConfig) -> float | None:
+    return job.hang_timeout if job.hang_timeout is not None else site.health.hang_timeout
+
+
+def _watchdog(job: JobSpec, site: SiteConfig, requeue: _Requeue) -> bool:
+    """Hangs are watched where a run can be restarted (Slurm, requeue on) unless turned off (0, off).
+
+    Not in a container: the watchdog runs on the batch node, outside the image that has the job's python.
+    """
+    in_container = job.container if job.container is not None else (site.container.enabled or bool(job.container_image))
+    return requeue.enabled and _hang_timeout(job, site) != 0 and not (in_container and site.container.runtime != "none")
+
+
+def _health_env(job: JobSpec, site: SiteConfig, requeue: _Requeue) -> dict[str, str]:
+    """The watchdog's timeout (none: learned from the run), the straggler rule, node exclusion."""
+    env = {contract.ENV_STRAGGLER_THRESHOLD: f"{_straggler_threshold(job, site):g}"}
+    if _watchdog(job, site, requeue):
+        timeout = _hang_timeout(job, site)
+        if timeout is not None:
+            env[contract.ENV_HANG_TIMEOUT] = f"{timeout:g}"
+        env[contract.ENV_EXCLUDE_SUSPECTS] = "1" if site.health.exclude_suspect_nodes else "0"
+    return env
+
+
+def _straggler_threshold(job: JobSpec, site: SiteConfig) -> float:
+    return job.straggler_threshold if job.straggler_threshold is not None else site.health.straggler_threshold
+
+
 def _layout(job: JobSpec, res: _Resources, plugins: Plugins, problems: _Problems) -> Any:
     """The tensor / pipeline parallel layout, checked against what each backend declares it builds."""
     if job.parallel is None:
@@ -280,7 +327,7 @@ def _names(job: JobSpec, site: SiteConfig, kind: str, function_name: str | None)
 
 
 def _launch_info(job: JobSpec, site: SiteConfig, res: _Resources, names: _Names, requeue: _Requeue,
-                 extra_script_args: tuple[Word, ...]) -> LaunchInfo:
+                 extra_script_args: tuple[Word, ...], layout: Any = None) -> LaunchInfo:
     cpus = job.cpus_per_task or (res.part.cpus_per_node // res.procs if res.part.cpus_per_node else None)
     return LaunchInfo(
         scheduler=site.scheduler, nodes=job.nodes, procs_per_node=res.procs, gpus_per_node=res.gpus,
@@ -289,6 +336,9 @@ def _launch_info(job: JobSpec, site: SiteConfig, res: _Resources, names: _Names,
         master_port=site.master_port, job_folder=names.job_root, cpus_per_proc=cpus, precision=job.precision,
         grad_accum=job.grad_accum, grad_clip=job.grad_clip,
         stop_signal=requeue.policy.signal if requeue.enabled else None,
+        # what the job's processes will see that a backend may decide with: the folder the script runs in
+        # (relative paths among its arguments) and the layout (data-parallel size = world / (tp x pp))
+        env={"PWD": names.workdir, **({LAYOUT_ENV: str(layout)} if layout is not None else {})},
     )
 
 
@@ -321,6 +371,7 @@ def _environment(job: JobSpec, site: SiteConfig, res: _Resources, selection: Any
         "HPC_TRAIN_PROCS_PER_NODE": str(res.procs),
         "HPC_TRAIN_JOB_ROOT": names.job_root,
         **({"HPC_TRAIN_STOP_SIGNAL": requeue.policy.signal} if requeue.enabled else {}),  # the ranks save and stop on it
+        **_health_env(job, site, requeue),
     }, "hpc_train")
     return env
 
@@ -353,7 +404,7 @@ def _directives(job: JobSpec, site: SiteConfig, res: _Resources, tasks: int, nam
         return []
     directives: dict[str, Any] = {
         "job-name": names.job_name,
-        "nodes": job.nodes,
+        "nodes": job.nodes + job.spare_nodes,  # the spares wait in the allocation
         "ntasks-per-node": tasks,
         "output": os.path.join(names.job_root, "%j", "%j_0_log.out"),
         "error": os.path.join(names.job_root, "%j", "%j_0_log.err"),

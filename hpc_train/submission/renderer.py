@@ -16,6 +16,7 @@ from hpc_train import __version__
 from hpc_train._resources import builtin_dir, cache_dir
 from hpc_train.contract import FILES
 from hpc_train.errors import Problem, TemplateError
+from hpc_train.plugin.backend import Raw
 from hpc_train.submission.plan import JobPlan
 from hpc_train.submission.shell import join, join_lines, quote, sbatch_line
 
@@ -55,7 +56,7 @@ def template_dirs_for(plan: JobPlan, plugin_dirs: Sequence[Path] = ()) -> tuple[
 
 
 def context(plan: JobPlan) -> dict[str, object]:
-    srun: list[str] = []
+    srun: list[object] = []
     if plan.scheduler == "slurm":
         srun = [
             "srun",
@@ -65,6 +66,10 @@ def context(plan: JobPlan) -> dict[str, object]:
             "--unbuffered",
             f"--output={plan.stdout_pattern}",
             f"--error={plan.stderr_pattern}",
+            # with spare nodes the allocation is larger than the step: the script picks the healthy ones
+            # (and the step's task count: the batch shell's SLURM_NTASKS counts the spares' tasks too)
+            *([f"--ntasks={plan.nodes * plan.tasks_per_node}", Raw('--nodelist="${HPC_TRAIN_STEP_NODES}"')]
+              if plan.spare_nodes else []),
             *plan.srun_args,
         ]
     return {

@@ -22,7 +22,7 @@
 #
 # Environment knobs (defaults):
 #   HPC_TRAIN_SANDBOX_DIR=/tmp/hpc_train-sandbox   (slurm.conf is $DIR/etc/slurm.conf)
-#   HPC_TRAIN_SANDBOX_NODES=2   HPC_TRAIN_SANDBOX_CPUS=4 (per node, may exceed real cores)
+#   HPC_TRAIN_SANDBOX_NODES=3   HPC_TRAIN_SANDBOX_CPUS=4 (per node, may exceed real cores)
 #   HPC_TRAIN_SANDBOX_GPUS=4 (fake, per node; 0 = none)   HPC_TRAIN_SANDBOX_MEM=4000 (MB per node)
 #   HPC_TRAIN_SANDBOX_ACCOUNTING=1 (0 = no slurmdbd/MariaDB; sacct will not work)
 #   HPC_TRAIN_SANDBOX_NET=10.77.0 (a /24 on the bridge only; .1 = controller, .1N = node N)
@@ -35,7 +35,7 @@ set -euo pipefail
 
 SANDBOX_DIR=${HPC_TRAIN_SANDBOX_DIR:-/tmp/hpc_train-sandbox}
 LAB=$SANDBOX_DIR
-NODES=${HPC_TRAIN_SANDBOX_NODES:-2}
+NODES=${HPC_TRAIN_SANDBOX_NODES:-3}
 CPUS=${HPC_TRAIN_SANDBOX_CPUS:-4}
 GPUS=${HPC_TRAIN_SANDBOX_GPUS:-4}
 MEM=${HPC_TRAIN_SANDBOX_MEM:-4000}

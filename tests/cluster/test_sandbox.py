@@ -1,4 +1,4 @@
-"""Self-tests of the Slurm sandbox: two nodes, accounting, shared job folders."""
+"""Self-tests of the Slurm sandbox: three nodes (two for a job, one spare), accounting, shared job folders."""
 import sys
 import time
 from pathlib import Path
@@ -6,11 +6,12 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.e2e
+NODES = {"n1", "n2", "n3"}
 
 
-def test_srun_spans_both_nodes(slurm_cluster):
-    out = slurm_cluster.run(["srun", "-N2", "-n2", "hostname"], timeout=60).stdout
-    assert set(out.split()) == {"n1", "n2"}
+def test_srun_spans_every_node(slurm_cluster):
+    out = slurm_cluster.run(["srun", "-N3", "-n3", "hostname"], timeout=60).stdout
+    assert set(out.split()) == NODES
 
 
 def test_sbatch_job_completes_in_sacct(slurm_cluster, sandbox_job_root):
@@ -32,15 +33,15 @@ def test_sbatch_job_completes_in_sacct(slurm_cluster, sandbox_job_root):
         time.sleep(0.3)
     assert state == "COMPLETED", f"sacct state of job {job_id}: {state!r}"
     out_file = sandbox_job_root / f"slurm-{job_id}.out"
-    assert out_file.read_text().strip() in {"n1", "n2"}
+    assert out_file.read_text().strip() in NODES
 
 
 def test_job_root_shared_and_python_runs_on_nodes(slurm_cluster, sandbox_job_root):
-    # every node writes into the job root with this interpreter; the host must see both files
+    # every node writes into the job root with this interpreter; the host must see every file
     code = ("import os, socket; "
             f"open(os.path.join({str(sandbox_job_root)!r}, socket.gethostname()), 'w').write('ok')")
-    slurm_cluster.run(["srun", "-N2", "-n2", sys.executable, "-c", code], timeout=60)
-    assert sorted(p.name for p in Path(sandbox_job_root).iterdir()) == ["n1", "n2"]
+    slurm_cluster.run(["srun", "-N3", "-n3", sys.executable, "-c", code], timeout=60)
+    assert {p.name for p in Path(sandbox_job_root).iterdir()} == NODES
 
 
 def test_fake_gpus_in_gpu_partition(slurm_cluster):

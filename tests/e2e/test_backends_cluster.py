@@ -28,7 +28,8 @@ def run_job(job_root: Path, *args: str) -> tuple[str, list[dict]]:
 def assert_trained_together(reports: list[dict], backend: str) -> None:
     assert sorted(r["rank"] for r in reports) == [0, 1, 2, 3]
     assert {r["world_size"] for r in reports} == {4}
-    assert sorted(r["host"] for r in reports) == ["n1", "n1", "n2", "n2"]  # 2 nodes x 2 processes
+    hosts = sorted(r["host"] for r in reports)  # 2 nodes x 2 processes, on any two of the sandbox's nodes
+    assert hosts[0] == hosts[1] != hosts[2] == hosts[3], hosts
     if "allreduce_sum" in reports[0]:
         assert {r["allreduce_sum"] for r in reports} == {10.0}
     assert all(r["final_loss"] < 1.0 and r["final_loss"] < r["first_loss"] / 5 for r in reports), reports

@@ -28,13 +28,13 @@ def test_preflight_two_nodes_with_a_profile_and_the_debug_overlay(slurm_cluster,
     data = json.loads(out.stdout)
     result = data["result"]
     assert data["passed"] is True and result["backend"] == "gloo"
-    assert result["nodes"] == ["n1", "n2"] and result["world_size"] == 2
+    assert len(set(result["nodes"])) == 2 == len(result["nodes"]) and result["world_size"] == 2
     assert [row["bytes"] for row in result["sizes"]] == [1 << 20, 4 << 20, 16 << 20]  # the sandbox's max_size 16M
     assert all(row["busbw_gbs"] > 0 and row["time_us"] > 0 for row in result["sizes"])
     for row in result["sizes"]:  # n = 2: busbw = algbw * 2(n-1)/n = algbw
         assert row["busbw_gbs"] == pytest.approx(row["algbw_gbs"])
     [pair] = result["pairs"]
-    assert pair["nodes"] == ["n1", "n2"] and pair["busbw_gbs"] > 0
+    assert pair["nodes"] == result["nodes"] and pair["busbw_gbs"] > 0
     assert any("pair check: 1 pair(s) ok" in line for line in data["findings"])
 
     # the verdict follows the figure: the same real result fails against an InfiniBand-class bar
@@ -44,7 +44,7 @@ def test_preflight_two_nodes_with_a_profile_and_the_debug_overlay(slurm_cluster,
 
     # the profile (sandbox-tcp, extending safe) and the debug overlay reached every task on both nodes
     ranks = result["ranks"]
-    assert sorted(r["host"] for r in ranks) == ["n1", "n2"]
+    assert sorted(r["host"] for r in ranks) == sorted(result["nodes"])
     for r in ranks:
         env = r["env"]
         assert env["NCCL_SOCKET_IFNAME"] == "eth0" and env["NCCL_IB_DISABLE"] == "1"  # sandbox-tcp
@@ -61,7 +61,7 @@ def test_doctor_submit_reports_from_each_compute_node(slurm_cluster, sandbox_job
     out = cli("doctor", "--site", "sandbox", "--submit", "--nodes", "2", "--job-root", str(sandbox_job_root), "--json")
     assert out.returncode == 0, out.stdout + out.stderr
     reports = json.loads(out.stdout)
-    assert sorted(r["host"] for r in reports) == ["n1", "n2"]
+    assert len({r["host"] for r in reports}) == 2 == len(reports)
     for report in reports:
         assert report["context"].startswith("compute node (job ")
         checks = {c["name"]: c for c in report["checks"]}

@@ -60,7 +60,7 @@ def assert_one_node_each(reports: list[dict], axis: str) -> None:
     for r in reports:
         hosts.setdefault(r[axis], set()).add(r["host"])
     assert sorted(hosts) == [0, 1] and all(len(h) == 1 for h in hosts.values()), hosts
-    assert set.union(*hosts.values()) == {"n1", "n2"}, hosts
+    assert len(set.union(*hosts.values())) == 2, hosts
 
 
 def test_tp_and_pp_layouts_match_one_process_and_resume_after_a_requeue(slurm_cluster, sandbox_job_root, tmp_path):

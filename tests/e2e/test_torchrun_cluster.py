@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -43,7 +44,7 @@ def test_two_node_torchrun_ddp_trains_and_agrees(slurm_cluster, sandbox_job_root
     assert sorted(r["rank"] for r in reports) == [0, 1, 2, 3]
     assert {r["world_size"] for r in reports} == {4}
     hosts = {r["host"] for r in reports}
-    assert hosts == {"n1", "n2"}, hosts  # one torchrun per node, two workers each
+    assert len(hosts) == 2, hosts  # one torchrun per node, two workers each
     assert sorted(r["host"] for r in reports).count("n1") == 2
     assert {r["allreduce_sum"] for r in reports} == {10.0}  # 1+2+3+4 across both nodes over gloo
     assert all(r["final_loss"] < 0.5 * r["first_loss"] for r in reports)
@@ -56,7 +57,7 @@ def test_two_node_torchrun_ddp_trains_and_agrees(slurm_cluster, sandbox_job_root
     assert f"rank 3/4 on {rank3_host}" in rank3.stdout
     status = cli("status", job_id, "--json")
     data = json.loads(status.stdout)
-    assert data["state"] == "COMPLETED" and data["node_list"] in ("n[1-2]", "n1,n2")
+    assert data["state"] == "COMPLETED" and re.fullmatch(r"n\[\d[-,]\d\]", data["node_list"]), data
 
 
 def test_function_job_returns_its_result(slurm_cluster, sandbox_job_root):

@@ -27,11 +27,13 @@ export HPC_TRAIN_BACKEND_OPTIONS='{"zero_stage":null,"micro_batch":null,"config"
 export HPC_TRAIN_CHECKPOINTS_DIR=/shared/checkpoints/alice  # site storage
 export HPC_TRAIN_DATASETS_DIR=/shared/datasets  # site storage
 export HPC_TRAIN_DEEPSPEED_CONFIG_JSON='{"gradient_accumulation_steps": 1, "gradient_clipping": 0.0, "steps_per_print": 1000000000, "train_micro_batch_size_per_gpu": 1, "zero_allow_untested_optimizer": true, "zero_optimization": {"stage": 2}}'  # backend deepspeed
+export HPC_TRAIN_EXCLUDE_SUSPECTS=1  # hpc_train
 export HPC_TRAIN_JOB_ROOT=/home/alice/hpc_train/jobs  # hpc_train
 export HPC_TRAIN_NODES=4  # hpc_train
 export HPC_TRAIN_PROCS_PER_NODE=8  # hpc_train
 export HPC_TRAIN_SITE=bluecloud  # hpc_train
 export HPC_TRAIN_STOP_SIGNAL=USR2  # hpc_train
+export HPC_TRAIN_STRAGGLER_THRESHOLD=0.2  # hpc_train
 export NCCL_IB_GID_INDEX=3  # nccl profile ib-hdr
 export NCCL_IB_HCA=mlx5  # nccl profile ib-hdr
 export NCCL_IB_TIMEOUT=22  # nccl profile ib-hdr
@@ -55,6 +57,9 @@ export HPC_TRAIN_STOP_FILE="${HPC_TRAIN_JOB_FOLDER}/stop_requested"
 export HPC_TRAIN_REQUEUED_FILE="${HPC_TRAIN_JOB_FOLDER}/requeue_requested"
 # rank 0 writes why when a failure would only repeat (a full disk, no checkpoint loads): no requeue
 export HPC_TRAIN_NO_RETRY_FILE="${HPC_TRAIN_JOB_FOLDER}/no_retry"
+# hangs: each rank beats into the job folder; a watchdog beside the step ends a run that stopped
+# making progress, names the rank behind and its node (docs/failures.md)
+export HPC_TRAIN_HEARTBEATS="${HPC_TRAIN_JOB_FOLDER}/heartbeats"
 mkdir -p "${HPC_TRAIN_JOB_FOLDER}"
 rm -f "${HPC_TRAIN_STOP_FILE}" "${HPC_TRAIN_REQUEUED_FILE}" "${HPC_TRAIN_NO_RETRY_FILE}"
 HPC_TRAIN_RUN=$(( $(cat "${HPC_TRAIN_JOB_FOLDER}/runs" 2>/dev/null || echo 0) + 1 ))
@@ -62,6 +67,7 @@ echo "${HPC_TRAIN_RUN}" > "${HPC_TRAIN_JOB_FOLDER}/runs"
 export HPC_TRAIN_RUN HPC_TRAIN_MAX_RESTARTS=3
 export HPC_TRAIN_DEADLINE=$(( $(date +%s) + 43020 ))
 echo "hpc_train: run ${HPC_TRAIN_RUN} of job ${SLURM_JOB_ID} on $(hostname) at $(date -Is) (restart budget 3)"
+/opt/venv/bin/python -m hpc_train.runtime.health start || true  # where this run begins: the no-progress rule
 if [ "${HPC_TRAIN_RUN}" -gt $(( HPC_TRAIN_MAX_RESTARTS + 1 )) ]; then
     echo "hpc_train: restart budget exhausted: ${HPC_TRAIN_MAX_RESTARTS} restarts used; not starting run ${HPC_TRAIN_RUN}" >&2
     exit 1
@@ -75,6 +81,7 @@ hpc_train_cleanup() {
     srun --overlap --nodes=4 --ntasks-per-node=1 bash -c 'rm -f /dev/shm/deepspeed_allreduce_buffer_"$(id -u)"_"${MASTER_ADDR}"_"${MASTER_PORT}"_*' || true
 }
 trap hpc_train_cleanup EXIT
+# ds_config: hpc_train's defaults and the job's settings (no file of yours named)
 mkdir -p "${HPC_TRAIN_JOB_FOLDER}"
 printf '%s\n' "${HPC_TRAIN_DEEPSPEED_CONFIG_JSON}" > "${HPC_TRAIN_JOB_FOLDER}/ds_config.json"
 export HPC_TRAIN_DEEPSPEED_CONFIG="${HPC_TRAIN_JOB_FOLDER}/ds_config.json"
@@ -83,6 +90,8 @@ export HPC_TRAIN_DEEPSPEED_CONFIG="${HPC_TRAIN_JOB_FOLDER}/ds_config.json"
 srun --nodes=4 --ntasks-per-node=8 --kill-on-bad-exit=1 --unbuffered --output=/home/alice/hpc_train/jobs/%j/%j_%t_log.out --error=/home/alice/hpc_train/jobs/%j/%j_%t_log.err \
     /opt/venv/bin/python -m hpc_train.runtime.launch --local-rank-arg -- /home/alice/project/train.py --lr 1e-4 &
 hpc_train_step=$!
+/opt/venv/bin/python -m hpc_train.runtime.watchdog --step-pid "${hpc_train_step}" &
+hpc_train_watchdog=$!
 while :; do
     status=0
     wait "${hpc_train_step}" || status=$?
@@ -90,6 +99,31 @@ while :; do
     if [ "${status}" -gt 128 ] && kill -0 "${hpc_train_step}" 2>/dev/null; then continue; fi
     break
 done
+kill "${hpc_train_watchdog}" 2>/dev/null || true
+hpc_train_retry=0
+# a run the watchdog ended for a hang is restarted, whatever --on-failure says
+if [ "$(cat "${HPC_TRAIN_JOB_FOLDER}/hang_run" 2>/dev/null)" = "${HPC_TRAIN_RUN}" ]; then hpc_train_retry=1; fi
+if [ "${status}" -ne 0 ] && [ ! -e "${HPC_TRAIN_STOP_FILE}" ] && [ "${hpc_train_retry}" = 1 ]; then
+    # names the node a crash points at, applies the no-progress rule, plans the nodes to avoid
+    /opt/venv/bin/python -m hpc_train.runtime.health failed || true
+    if [ -e "${HPC_TRAIN_NO_RETRY_FILE}" ]; then
+        echo "hpc_train: run ${HPC_TRAIN_RUN} failed (exit ${status}): $(head -c 2000 "${HPC_TRAIN_NO_RETRY_FILE}"); not requeueing: it would fail the same way" >&2
+    elif [ "${HPC_TRAIN_RUN}" -le "${HPC_TRAIN_MAX_RESTARTS}" ]; then
+        echo "hpc_train: run ${HPC_TRAIN_RUN} failed (exit ${status}); requeueing" >&2
+        hpc_train_exclude="${HPC_TRAIN_JOB_FOLDER}/exclude_nodes"
+        # The requeue sends every process of the job TERM at once, scontrol too: ignored here, so its exit
+        # status is the requeue's and the exclusion (taken only once the job is requeued) gets through
+        if ( trap '' TERM
+             scontrol requeue "${SLURM_JOB_ID}" || exit 1
+             if [ -s "${hpc_train_exclude}" ]; then
+                 scontrol update JobId="${SLURM_JOB_ID}" ExcNodeList="$(head -n 1 "${hpc_train_exclude}")" || true
+             fi ); then
+            touch "${HPC_TRAIN_REQUEUED_FILE}"
+        fi
+    else
+        echo "hpc_train: run ${HPC_TRAIN_RUN} failed (exit ${status}); restart budget exhausted (${HPC_TRAIN_MAX_RESTARTS} restarts)" >&2
+    fi
+fi
 # how this run ended, for the login side: a job that looks finished after a requeued run is not
 if [ -e "${HPC_TRAIN_REQUEUED_FILE}" ]; then
     echo "${HPC_TRAIN_RUN} ${status} requeued" > "${HPC_TRAIN_JOB_FOLDER}/last_run" || true

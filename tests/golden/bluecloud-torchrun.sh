@@ -26,11 +26,13 @@ export HPC_TRAIN_BACKEND=torchrun  # hpc_train
 export HPC_TRAIN_BACKEND_OPTIONS='{"rdzv_backend":"c10d","max_restarts":0,"rdzv_timeout":900,"omp_num_threads":null}'  # backend torchrun
 export HPC_TRAIN_CHECKPOINTS_DIR=/shared/checkpoints/alice  # site storage
 export HPC_TRAIN_DATASETS_DIR=/shared/datasets  # site storage
+export HPC_TRAIN_EXCLUDE_SUSPECTS=1  # hpc_train
 export HPC_TRAIN_JOB_ROOT=/home/alice/hpc_train/jobs  # hpc_train
 export HPC_TRAIN_NODES=4  # hpc_train
 export HPC_TRAIN_PROCS_PER_NODE=8  # hpc_train
 export HPC_TRAIN_SITE=bluecloud  # hpc_train
 export HPC_TRAIN_STOP_SIGNAL=USR2  # hpc_train
+export HPC_TRAIN_STRAGGLER_THRESHOLD=0.2  # hpc_train
 export NCCL_IB_GID_INDEX=3  # nccl profile ib-hdr
 export NCCL_IB_HCA=mlx5  # nccl profile ib-hdr
 export NCCL_IB_TIMEOUT=22  # nccl profile ib-hdr
@@ -53,6 +55,9 @@ export HPC_TRAIN_STOP_FILE="${HPC_TRAIN_JOB_FOLDER}/stop_requested"
 export HPC_TRAIN_REQUEUED_FILE="${HPC_TRAIN_JOB_FOLDER}/requeue_requested"
 # rank 0 writes why when a failure would only repeat (a full disk, no checkpoint loads): no requeue
 export HPC_TRAIN_NO_RETRY_FILE="${HPC_TRAIN_JOB_FOLDER}/no_retry"
+# hangs: each rank beats into the job folder; a watchdog beside the step ends a run that stopped
+# making progress, names the rank behind and its node (docs/failures.md)
+export HPC_TRAIN_HEARTBEATS="${HPC_TRAIN_JOB_FOLDER}/heartbeats"
 mkdir -p "${HPC_TRAIN_JOB_FOLDER}"
 rm -f "${HPC_TRAIN_STOP_FILE}" "${HPC_TRAIN_REQUEUED_FILE}" "${HPC_TRAIN_NO_RETRY_FILE}"
 HPC_TRAIN_RUN=$(( $(cat "${HPC_TRAIN_JOB_FOLDER}/runs" 2>/dev/null || echo 0) + 1 ))
@@ -60,6 +65,7 @@ echo "${HPC_TRAIN_RUN}" > "${HPC_TRAIN_JOB_FOLDER}/runs"
 export HPC_TRAIN_RUN HPC_TRAIN_MAX_RESTARTS=3
 export HPC_TRAIN_DEADLINE=$(( $(date +%s) + 43020 ))
 echo "hpc_train: run ${HPC_TRAIN_RUN} of job ${SLURM_JOB_ID} on $(hostname) at $(date -Is) (restart budget 3)"
+/opt/venv/bin/python -m hpc_train.runtime.health start || true  # where this run begins: the no-progress rule
 if [ "${HPC_TRAIN_RUN}" -gt $(( HPC_TRAIN_MAX_RESTARTS + 1 )) ]; then
     echo "hpc_train: restart budget exhausted: ${HPC_TRAIN_MAX_RESTARTS} restarts used; not starting run ${HPC_TRAIN_RUN}" >&2
     exit 1
@@ -72,6 +78,8 @@ cd /home/alice/project
 srun --nodes=4 --ntasks-per-node=1 --kill-on-bad-exit=1 --unbuffered --output=/home/alice/hpc_train/jobs/%j/%j_%t_log.out --error=/home/alice/hpc_train/jobs/%j/%j_%t_log.err \
     /opt/venv/bin/python -m hpc_train.runtime.signal_guard --ignore=USR2 -- -m torch.distributed.run --nnodes=4 --rdzv-backend=c10d --rdzv-endpoint="${MASTER_ADDR}:${MASTER_PORT}" --rdzv-id="${SLURM_JOB_ID}" --rdzv-conf=timeout=900 --nproc-per-node=8 --max-restarts=0 /home/alice/project/train.py --lr 1e-4 &
 hpc_train_step=$!
+/opt/venv/bin/python -m hpc_train.runtime.watchdog --step-pid "${hpc_train_step}" &
+hpc_train_watchdog=$!
 while :; do
     status=0
     wait "${hpc_train_step}" || status=$?
@@ -79,6 +87,31 @@ while :; do
     if [ "${status}" -gt 128 ] && kill -0 "${hpc_train_step}" 2>/dev/null; then continue; fi
     break
 done
+kill "${hpc_train_watchdog}" 2>/dev/null || true
+hpc_train_retry=0
+# a run the watchdog ended for a hang is restarted, whatever --on-failure says
+if [ "$(cat "${HPC_TRAIN_JOB_FOLDER}/hang_run" 2>/dev/null)" = "${HPC_TRAIN_RUN}" ]; then hpc_train_retry=1; fi
+if [ "${status}" -ne 0 ] && [ ! -e "${HPC_TRAIN_STOP_FILE}" ] && [ "${hpc_train_retry}" = 1 ]; then
+    # names the node a crash points at, applies the no-progress rule, plans the nodes to avoid
+    /opt/venv/bin/python -m hpc_train.runtime.health failed || true
+    if [ -e "${HPC_TRAIN_NO_RETRY_FILE}" ]; then
+        echo "hpc_train: run ${HPC_TRAIN_RUN} failed (exit ${status}): $(head -c 2000 "${HPC_TRAIN_NO_RETRY_FILE}"); not requeueing: it would fail the same way" >&2
+    elif [ "${HPC_TRAIN_RUN}" -le "${HPC_TRAIN_MAX_RESTARTS}" ]; then
+        echo "hpc_train: run ${HPC_TRAIN_RUN} failed (exit ${status}); requeueing" >&2
+        hpc_train_exclude="${HPC_TRAIN_JOB_FOLDER}/exclude_nodes"
+        # The requeue sends every process of the job TERM at once, scontrol too: ignored here, so its exit
+        # status is the requeue's and the exclusion (taken only once the job is requeued) gets through
+        if ( trap '' TERM
+             scontrol requeue "${SLURM_JOB_ID}" || exit 1
+             if [ -s "${hpc_train_exclude}" ]; then
+                 scontrol update JobId="${SLURM_JOB_ID}" ExcNodeList="$(head -n 1 "${hpc_train_exclude}")" || true
+             fi ); then
+            touch "${HPC_TRAIN_REQUEUED_FILE}"
+        fi
+    else
+        echo "hpc_train: run ${HPC_TRAIN_RUN} failed (exit ${status}); restart budget exhausted (${HPC_TRAIN_MAX_RESTARTS} restarts)" >&2
+    fi
+fi
 # how this run ended, for the login side: a job that looks finished after a requeued run is not
 if [ -e "${HPC_TRAIN_REQUEUED_FILE}" ]; then
     echo "${HPC_TRAIN_RUN} ${status} requeued" > "${HPC_TRAIN_JOB_FOLDER}/last_run" || true

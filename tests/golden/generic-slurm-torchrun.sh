@@ -17,6 +17,7 @@ export HPC_TRAIN_JOB_ROOT=/home/alice/hpc_train/jobs  # hpc_train
 export HPC_TRAIN_NODES=2  # hpc_train
 export HPC_TRAIN_PROCS_PER_NODE=4  # hpc_train
 export HPC_TRAIN_SITE=generic-slurm  # hpc_train
+export HPC_TRAIN_STRAGGLER_THRESHOLD=0.2  # hpc_train
 export PYTHONUNBUFFERED=1  # site
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1  # site
 

@@ -12,6 +12,7 @@ export HPC_TRAIN_JOB_ROOT=/home/alice/hpc_train/jobs  # hpc_train
 export HPC_TRAIN_NODES=1  # hpc_train
 export HPC_TRAIN_PROCS_PER_NODE=2  # hpc_train
 export HPC_TRAIN_SITE=local  # hpc_train
+export HPC_TRAIN_STRAGGLER_THRESHOLD=0.2  # hpc_train
 export OMP_NUM_THREADS=1  # backend deepspeed
 export PYTHONUNBUFFERED=1  # site
 
@@ -29,6 +30,7 @@ hpc_train_cleanup() {
     rm -f /dev/shm/deepspeed_allreduce_buffer_"$(id -u)"_"${MASTER_ADDR}"_"${MASTER_PORT}"_*
 }
 trap hpc_train_cleanup EXIT
+# ds_config: hpc_train's defaults and the job's settings (no file of yours named)
 mkdir -p "${HPC_TRAIN_JOB_FOLDER}"
 printf '%s\n' "${HPC_TRAIN_DEEPSPEED_CONFIG_JSON}" > "${HPC_TRAIN_JOB_FOLDER}/ds_config.json"
 export HPC_TRAIN_DEEPSPEED_CONFIG="${HPC_TRAIN_JOB_FOLDER}/ds_config.json"

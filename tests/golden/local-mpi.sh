@@ -11,6 +11,7 @@ export HPC_TRAIN_JOB_ROOT=/home/alice/hpc_train/jobs  # hpc_train
 export HPC_TRAIN_NODES=1  # hpc_train
 export HPC_TRAIN_PROCS_PER_NODE=2  # hpc_train
 export HPC_TRAIN_SITE=local  # hpc_train
+export HPC_TRAIN_STRAGGLER_THRESHOLD=0.2  # hpc_train
 export OMPI_ALLOW_RUN_AS_ROOT=1  # backend mpi
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # backend mpi
 export OMP_NUM_THREADS=1  # backend mpi

@@ -33,13 +33,15 @@ def test_restart_from_scratch_reaches_the_job(script):
 
 
 def on_failure_branch(text: str) -> str:
-    """The rendered lines that decide whether a failed run is requeued."""
-    start = text.index('if [ "${status}" -ne 0 ] && [ ! -e "${HPC_TRAIN_STOP_FILE}" ]; then')
-    return text[start:text.index("\nfi\n", start) + 4]
+    """The rendered lines that decide whether a failed run is requeued (from whether it may be retried)."""
+    start = text.index("hpc_train_retry=")
+    decision = text.index('if [ "${status}" -ne 0 ] && [ ! -e "${HPC_TRAIN_STOP_FILE}" ] && [ "${hpc_train_retry}" = 1 ]; then')
+    return text[start:text.index("\nfi\n", decision) + 4]
 
 
 def run_branch(branch: str, folder: Path, run: int = 1) -> subprocess.CompletedProcess:
     env = {"PATH": os.environ["PATH"], "SLURM_CONF": str(folder / "no-such-slurm.conf"), "SLURM_JOB_ID": "0",
+           "HPC_TRAIN_JOB_FOLDER": str(folder),
            "HPC_TRAIN_RUN": str(run), "HPC_TRAIN_MAX_RESTARTS": "5", "HPC_TRAIN_STOP_FILE": str(folder / "stop_requested"),
            "HPC_TRAIN_REQUEUED_FILE": str(folder / "requeue_requested"),
            "HPC_TRAIN_NO_RETRY_FILE": str(folder / "no_retry")}

@@ -91,6 +91,9 @@ def test_local_site_is_one_node(plugins):
     ({"sbatch": {"nodes": "3"}}, "--nodes is set by hpc_train"),
     ({"sbatch": {"mail type": "END"}}, "is not an sbatch long option name"),
     ({"env": {"1BAD": "x"}}, "not a valid environment variable name"),
+    ({"hang_timeout": "soon"}, "'soon' is not a duration: give seconds (300), 300s, 5m, 1h, or off"),
+    ({"hang_timeout": "-5"}, "is not a duration"),
+    ({"straggler_threshold": 11}, "--straggler-threshold"),
 ])
 def test_bad_job_options(options, fragment):
     with pytest.raises(ConfigError) as info:
@@ -151,3 +154,22 @@ def test_metrics_switch_reaches_the_job(plugins, metrics, expected):
     p = plan(plugins, site="sandbox", **({} if metrics is None else {"metrics": metrics}))
     env = {e.name: e.value for e in p.env}
     assert env.get("HPC_TRAIN_METRICS") == expected  # unset: the runtime's default (on) applies
+
+
+def test_hang_watchdog_and_health_settings_reach_the_job(plugins):
+    from hpc_train.submission.renderer import render
+
+    learned = plan(plugins, site="sandbox")
+    env = {e.name: e.value for e in learned.env}
+    assert learned.watchdog and "HPC_TRAIN_HANG_TIMEOUT" not in env  # learned from the run's step time
+    assert env["HPC_TRAIN_EXCLUDE_SUSPECTS"] == "1" and env["HPC_TRAIN_STRAGGLER_THRESHOLD"] == "0.2"
+    text = render(learned, ())
+    assert '-m hpc_train.runtime.watchdog --step-pid "${hpc_train_step}" &' in text
+    assert "-m hpc_train.runtime.health failed" in text and "ExcNodeList=" in text
+    given = plan(plugins, site="sandbox", hang_timeout="5m", straggler_threshold=0.5)
+    env = {e.name: e.value for e in given.env}
+    assert env["HPC_TRAIN_HANG_TIMEOUT"] == "300" and env["HPC_TRAIN_STRAGGLER_THRESHOLD"] == "0.5"
+    for off in (plan(plugins, site="sandbox", hang_timeout="off"), plan(plugins, site="sandbox", requeue=False),
+                plan(plugins, site="local")):
+        assert not off.watchdog and "hpc_train.runtime.watchdog" not in render(off, ())
+        assert "HPC_TRAIN_HANG_TIMEOUT" not in {e.name for e in off.env}

@@ -30,6 +30,7 @@ export HPC_TRAIN_JOB_ROOT=/shared/user/hpc_train/jobs  # hpc_train
 export HPC_TRAIN_NODES=2  # hpc_train
 export HPC_TRAIN_PROCS_PER_NODE=4  # hpc_train
 export HPC_TRAIN_SITE=acme  # hpc_train
+export HPC_TRAIN_STRAGGLER_THRESHOLD=0.2  # hpc_train
 export NCCL_IB_HCA=mlx5  # nccl profile ib-hdr
 export NCCL_NET_GDR_LEVEL=PHB  # nccl profile ib-hdr
 export NCCL_SOCKET_IFNAME=ib0  # nccl profile ib-hdr

@@ -1,0 +1,91 @@
+"""Fault to training again on the Slurm sandbox: a restart inside the allocation (a spare node) against
+the requeue path, same job, same fault (needs the cluster up: SLURM_CONF).
+
+    python bench/failover.py [--repeats 2] [--hang-timeout 10]
+
+Each job trains tests/e2e/faulty_train.py on 2 nodes (torchrun, 1 process each); in its first run rank 1
+blocks at step 60. Timed from the job's files:
+
+- detection latency: the ranks' last activity to the watchdog's verdict (hangs.jsonl: quiet_s), against
+  the configured --hang-timeout (target: <= timeout + 5 s);
+- fault to training again: the verdict to the first optimizer step of the next run (metrics/steps.jsonl),
+  detection excluded; inside the allocation (--spare-nodes 1) against the requeue (target: <= 15 s and
+  <= 0.25 x the requeue path). The requeue path includes Slurm's requeue and the ~2 min hold a requeued
+  job gets, released here the way `submit --wait` does (after RELEASE_MARGIN_S) -- what a user waits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from hpc_train.jobs.handle import RELEASE_MARGIN_S, held_after_requeue  # noqa: E402
+
+SCRIPT = REPO / "tests" / "e2e" / "faulty_train.py"
+
+
+def submit(job_root: Path, spares: int, hang_timeout: int) -> str:
+    out = subprocess.run([sys.executable, "-m", "hpc_train", "submit", "--site", "sandbox", "--job-root", str(job_root),
+                          "--nodes", "2", "--procs-per-node", "1", "--parsable", "--checkpoint-every", "20",
+                          "--hang-timeout", str(hang_timeout), "--spare-nodes", str(spares), str(SCRIPT), "--",
+                          "--steps", "120", "--hang", "1:60", "--step-seconds", "0.02"],
+                         capture_output=True, text=True, cwd=REPO, check=True)
+    return out.stdout.strip()
+
+
+def state(job: str) -> str:
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "State", "-j", job], capture_output=True, text=True)
+    return (out.stdout.split() or ["PENDING"])[-1]
+
+
+def wait(job: str, timeout: float = 600) -> None:
+    deadline, held_since = time.time() + timeout, None
+    while time.time() < deadline and state(job) not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+        info = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True).stdout
+        fields = dict(w.split("=", 1) for w in info.split() if "=" in w)
+        held_since = (held_since or time.time()) if held_after_requeue(fields) else None
+        if held_since and time.time() - held_since >= RELEASE_MARGIN_S:
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
+            held_since = None
+        time.sleep(0.5)
+
+
+def timings(folder: Path) -> tuple[float, float]:
+    [hang] = [json.loads(line) for line in (folder / "hangs.jsonl").read_text().splitlines()]
+    verdict = max(r["at"] for r in hang["ranks"].values()) + hang["quiet_s"]
+    lines = [json.loads(line) for line in (folder / "metrics" / "steps.jsonl").read_text().splitlines()]
+    first = min(r["time"] for r in lines if r.get("run") == 2 and "step" in r and "event" not in r)
+    return hang["quiet_s"], first - verdict
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--hang-timeout", type=int, default=10)
+    args = parser.parse_args()
+    results: dict[str, list[tuple[float, float]]] = {"inside the allocation": [], "requeue": []}
+    with tempfile.TemporaryDirectory(dir="/tmp/hpc_train-sandbox/jobs") as root:
+        for _ in range(args.repeats):
+            for label, spares in (("inside the allocation", 1), ("requeue", 0)):
+                job = submit(Path(root), spares, args.hang_timeout)
+                wait(job)
+                results[label].append(timings(Path(root) / job))
+    for label, rows in results.items():
+        print(f"{label:>22}: detection {statistics.median(r[0] for r in rows):5.1f} s "
+              f"(timeout {args.hang_timeout} s), fault to training again {statistics.median(r[1] for r in rows):6.1f} s")
+    inside = statistics.median(r[1] for r in results["inside the allocation"])
+    requeue = statistics.median(r[1] for r in results["requeue"])
+    print(f"ratio inside / requeue: {inside / requeue:.3f} (target <= 0.25; inside target <= 15 s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""What the batch script asks between runs: where the run began, and what to do after it failed.
+
+``python -m hpc_train.runtime.health start`` records the newest committed checkpoint as the run
+begins; ``... nodes`` picks the nodes of the allocation the run uses (with spare nodes: the first
+ones that are not suspect); ``... failed`` decides after a failed run:
+
+- a crash with a culprit (the ranks of one node failed first, hpc_train.runtime.hang_report) names
+  the node as a suspect, like a hang the watchdog ended;
+- the no-progress rule: a restart that ends without a checkpoint newer than the one it began from
+  would only repeat itself; it writes the no-retry file with the reason, so the loop ends now, not
+  when the restart budget is gone;
+- the suspect nodes the next run must avoid, when the partition has enough nodes without them
+  (written to the exclude file; the script applies it once it has requeued the job).
+
+Torch-free and quick: it runs on the batch node between the runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from hpc_train import contract
+from hpc_train.runtime.checkpoint import committed
+from hpc_train.runtime.hang_report import first_failures
+from hpc_train.runtime.watchdog import log, read_beats
+
+
+def newest_step(job_folder: Path) -> int:
+    found = committed(job_folder / contract.CHECKPOINTS)
+    return found[0][0] if found else -1
+
+
+def record_start(job_folder: Path, run: int) -> None:
+    (job_folder / contract.RUN_START_STEP).write_text(f"{run} {newest_step(job_folder)}\n")
+
+
+def start_step(job_folder: Path, run: int) -> int | None:
+    try:
+        recorded_run, step = (job_folder / contract.RUN_START_STEP).read_text().split()
+    except (OSError, ValueError):
+        return None
+    return int(step) if int(recorded_run) == run else None
+
+
+def no_progress(job_folder: Path, run: int) -> str | None:
+    """Why retrying is pointless, or None: a restart that committed nothing past where it began."""
+    began = start_step(job_folder, run)
+    if run < 2 or began is None or newest_step(job_folder) > began:
+        return None
+    where = f"step {began}" if began >= 0 else "the start (no checkpoint)"
+    return (f"run {run} was a restart and failed without getting past {where}, as the run before it did; "
+            "a crash loop would only use up the restart budget and queue time")
+
+
+def suspects(job_folder: Path) -> list[dict[str, object]]:
+    found = []
+    try:
+        for line in (job_folder / contract.SUSPECT_NODES).read_text().splitlines():
+            record = json.loads(line)
+            found.append(record)
+    except (OSError, ValueError):
+        pass
+    return found
+
+
+def name_crash_culprit(job_folder: Path, heartbeats: Path | None, run: int) -> None:
+    if heartbeats is None or any(s.get("run") == run for s in suspects(job_folder)):
+        return  # the watchdog named this run's suspect already
+    culprits = first_failures(read_beats(heartbeats, run))
+    for host in sorted({c.host for c in culprits}):
+        log(f"run {run}: the ranks on {host} failed first ({', '.join(str(c.rank) for c in culprits)})")
+        with open(job_folder / contract.SUSPECT_NODES, "a") as out:
+            out.write(json.dumps({"node": host, "run": run, "reason": "failed first", "at": time.time()}) + "\n")
+
+
+def partition_nodes(job_id: str) -> tuple[int, int, set[str]] | None:
+    """(nodes the job needs, nodes in its partition, nodes it already excludes) from the controller."""
+    info = _fields(["scontrol", "show", "job", "-o", job_id])
+    part = _fields(["scontrol", "show", "partition", "-o", info.get("Partition", "")]) if info else {}
+    try:
+        needed, total = int(info["NumNodes"].split("-")[0]), int(part["TotalNodes"])
+    except (KeyError, ValueError):
+        return None
+    excluded = {n for n in (info.get("ExcNodeList") or "").split(",") if n and n != "(null)"}
+    return needed, total, excluded
+
+
+def plan_exclusion(job_folder: Path, job_id: str | None) -> str | None:
+    """The ExcNodeList for the next run: every suspect so far, if the partition can still place the job."""
+    nodes = {str(s["node"]) for s in suspects(job_folder)}
+    if not nodes or not job_id:
+        return None
+    known = partition_nodes(job_id)
+    if known is None:
+        return None
+    needed, total, excluded = known
+    wanted = excluded | nodes
+    if total - len(wanted) < needed:
+        log(f"not excluding {', '.join(sorted(nodes))}: the partition has {total} nodes and the job needs {needed}")
+        return None
+    log(f"the next run avoids {', '.join(sorted(nodes))} (suspect nodes: {contract.SUSPECT_NODES} in the job folder)")
+    return ",".join(sorted(wanted))
+
+
+def step_nodes(job_folder: Path, environ: Mapping[str, str]) -> list[str] | None:
+    """The nodes of the allocation the next step runs on: the first N not suspect; None if too few are left."""
+    needed = int(environ.get("HPC_TRAIN_NODES") or 1)
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", environ.get("SLURM_JOB_NODELIST", "")],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    allocated = out.stdout.split()
+    avoid = {str(s["node"]) for s in suspects(job_folder)}
+    healthy = [node for node in allocated if node not in avoid]
+    if len(healthy) < needed:
+        log(f"{len(healthy)} of the allocation's {len(allocated)} nodes are not suspect; the run needs {needed}")
+        return None
+    return healthy[:needed]
+
+
+def _fields(command: list[str]) -> dict[str, str]:
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    first = out.stdout.splitlines()[0] if out.returncode == 0 and out.stdout else ""
+    return dict(word.split("=", 1) for word in first.split() if "=" in word)
+
+
+def after_failure(job_folder: Path, run: int, environ: Mapping[str, str]) -> None:
+    heartbeats = Path(environ[contract.ENV_HEARTBEATS]) if environ.get(contract.ENV_HEARTBEATS) else None
+    name_crash_culprit(job_folder, heartbeats, run)
+    reason = no_progress(job_folder, run)
+    no_retry = environ.get("HPC_TRAIN_NO_RETRY_FILE")
+    if reason and no_retry and not os.path.exists(no_retry):
+        Path(no_retry).write_text(reason + "\n")
+    exclude = job_folder / contract.EXCLUDE_NODES
+    exclude.unlink(missing_ok=True)
+    if environ.get(contract.ENV_EXCLUDE_SUSPECTS) == "1":
+        wanted = plan_exclusion(job_folder, environ.get("SLURM_JOB_ID"))
+        if wanted:
+            exclude.write_text(wanted + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hpc_train.runtime.health")
+    parser.add_argument("what", choices=["start", "failed", "nodes"])
+    args = parser.parse_args(argv)
+    if not os.environ.get("HPC_TRAIN_JOB_FOLDER"):
+        log(f"health {args.what}: HPC_TRAIN_JOB_FOLDER is not set: not inside an hpc_train batch script")
+        return 1 if args.what == "nodes" else 0
+    job_folder, run = Path(os.environ["HPC_TRAIN_JOB_FOLDER"]), int(os.environ.get("HPC_TRAIN_RUN") or 1)
+    try:
+        if args.what == "nodes":  # prints the step's nodes; exit 1 when the healthy ones are too few
+            nodes = step_nodes(job_folder, os.environ)
+            if nodes is None:
+                return 1
+            print(",".join(nodes))
+        elif args.what == "start":
+            record_start(job_folder, run)
+        else:
+            after_failure(job_folder, run, os.environ)
+    except OSError as exc:  # a full disk: the script's own rules (budget, no-retry file) still hold
+        log(f"health {args.what}: {exc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Each rank's last step and when, written where a watchdog outside the training process reads it.
+
+A hung rank cannot report its own hang, so detection lives outside (hpc_train.runtime.watchdog, run
+by the batch script); the rank only leaves a trace. ``beat()`` is the hot path: two stores. A daemon
+thread writes ``<heartbeats>/rank-N.json`` when anything changed (at most every POLL_S), and answers
+the watchdog's request for stacks: a thread still runs while the main thread waits in a collective or
+sleeps (both release the GIL), so ``faulthandler`` writes every thread's stack to the run's dump folder.
+
+On by ``HPC_TRAIN_HEARTBEATS`` (the template sets it when the watchdog runs); nothing otherwise.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from hpc_train import contract
+
+# One small file per rank rewritten at most this often: the watchdog's resolution, and the load on a
+# shared file system (1,000 ranks: 500 renames a second); hang timeouts are 10 s and up.
+POLL_S = 2.0
+REQUEST = "request"  # the watchdog creates <dumps>/run-R/request; each rank answers with rank-N.txt
+
+
+def dump_folder(job_folder: Path, run: int) -> Path:
+    return job_folder / contract.DUMPS / f"run-{run}"
+
+
+class Heartbeat:
+    def __init__(self, folder: Path, rank: int, run: int, dumps: Path, poll_s: float = POLL_S) -> None:
+        self.path = folder / f"rank-{rank}.json"
+        self.rank, self.run, self.dumps = rank, run, dumps
+        self.host = socket.gethostname()
+        self.steps = 0  # optimizer steps in this run
+        self.at = time.time()
+        self.state = "starting"
+        self.error: str | None = None
+        self._written: tuple[int, str, float] | None = None
+        self._poll_s = poll_s
+        self._closed = threading.Event()
+        self._lock = threading.Lock()  # finishing() writes from the main thread, the loop from its own
+        folder.mkdir(parents=True, exist_ok=True)
+        self._write()
+        self._thread = threading.Thread(target=self._loop, name="hpc_train-heartbeat", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_env(cls, rank: int, environ: Mapping[str, str] | None = None) -> Heartbeat | None:
+        env = os.environ if environ is None else environ
+        folder, job_folder = env.get(contract.ENV_HEARTBEATS), env.get("HPC_TRAIN_JOB_FOLDER")
+        if not folder or not job_folder:
+            return None
+        run = int(env.get("HPC_TRAIN_RUN") or 1)
+        try:
+            return cls(Path(folder), rank, run, dump_folder(Path(job_folder), run))
+        except OSError:
+            return None  # a heartbeat that cannot be written must not stop training
+
+    def beat(self) -> None:
+        """An optimizer step finished."""
+        self.steps += 1
+        self.at = time.time()
+
+    def alive(self) -> None:
+        """Work that is not a step (a forward pass): progress, without counting a step."""
+        self.at = time.time()
+
+    def finishing(self, error: BaseException | None = None) -> None:
+        """Training ended on this rank (by ``error``, if given); the rest is not watched per step."""
+        self.state = "failed" if error is not None else "finishing"
+        self.error = None if error is None else f"{type(error).__name__}: {error}"[:500]
+        self.at = time.time()
+        self._write()
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _loop(self) -> None:
+        answered = False
+        while not self._closed.wait(self._poll_s):
+            if self.state == "starting" and self.steps:
+                self.state = "training"
+            if (self.steps, self.state, self.at) != self._written:
+                self._write()
+            if not answered and (self.dumps / REQUEST).exists():
+                answered = self._dump()
+
+    def _write(self) -> None:
+        written = (self.steps, self.state, self.at)
+        record = {"rank": self.rank, "host": self.host, "pid": os.getpid(), "run": self.run,
+                  "steps": written[0], "at": written[2], "state": written[1], "error": self.error}
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        try:
+            with self._lock:
+                tmp.write_text(json.dumps(record))
+                os.replace(tmp, self.path)
+            self._written = written
+        except OSError:
+            pass  # a full disk: the watchdog sees an old beat, which is what it would see of a hang
+
+    def _dump(self) -> bool:
+        target = self.dumps / f"rank-{self.rank}.txt"
+        try:
+            with open(target, "w") as out:
+                out.write(f"rank {self.rank} on {self.host} (pid {os.getpid()}), {self.steps} steps this run, "
+                          f"last at {time.strftime('%H:%M:%S', time.localtime(self.at))}\n")
+                out.flush()
+                faulthandler.dump_traceback(out, all_threads=True)
+        except OSError:
+            pass
+        return True

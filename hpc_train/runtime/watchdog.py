@@ -1,0 +1,228 @@
+"""The job's hang watchdog: outside the training processes, it ends a run that stopped making progress.
+
+The batch script starts it next to the srun step (``python -m hpc_train.runtime.watchdog --step-pid PID``).
+It reads the ranks' heartbeats (hpc_train.runtime.heartbeat) from the shared job folder. No rank
+active for the hang timeout is a hang: it asks every rank for its stacks, names the rank(s) and
+host(s) behind (hpc_train.runtime.hang_report), writes that down, and kills the step. The batch
+script then restarts the run from the last checkpoint, avoiding the suspect node where it can.
+
+The timeout: ``--hang-timeout`` (HPC_TRAIN_HANG_TIMEOUT) when given, else learned from the run:
+``max(FLOOR_S, K x the observed step time)``. Until every rank finished its first step the allowance
+is START_S (compilation, data loading, a slow first checkpoint load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpc_train import contract
+from hpc_train.runtime.hang_report import Culprit, behind
+from hpc_train.runtime.heartbeat import REQUEST, dump_folder
+
+# A learned timeout never goes below this: a synchronous checkpoint save of a large model, or an
+# evaluation that does not go through the prepared model, may take minutes. Killing a healthy run
+# costs more than a few minutes of a hung one; --hang-timeout is there for tighter watching.
+FLOOR_S = 300.0
+K = 20.0  # x the step time: far beyond any step's jitter, yet minutes, not hours, for a slow model
+START_S = 900.0  # before the first step: imports, compilation, data loading
+POLL_S = 1.0
+DUMP_WAIT_S = 5.0  # how long the ranks get to write their stacks (a stopped one never does)
+
+
+@dataclass
+class Settings:
+    job_folder: Path
+    heartbeats: Path
+    run: int
+    world: int
+    timeout: float | None  # None: learn it
+    stop_file: Path | None
+    job_id: str | None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        raw = (env.get(contract.ENV_HANG_TIMEOUT) or "").strip()
+        return cls(
+            job_folder=Path(env["HPC_TRAIN_JOB_FOLDER"]), heartbeats=Path(env[contract.ENV_HEARTBEATS]),
+            run=int(env.get("HPC_TRAIN_RUN") or 1),
+            world=int(env.get("HPC_TRAIN_NODES") or 1) * int(env.get("HPC_TRAIN_PROCS_PER_NODE") or 1),
+            timeout=float(raw) if raw else None,
+            stop_file=Path(env["HPC_TRAIN_STOP_FILE"]) if env.get("HPC_TRAIN_STOP_FILE") else None,
+            job_id=env.get("SLURM_JOB_ID"))
+
+
+class StepClock:
+    """The run's step time, learned from the heartbeats: the fastest rank's steps over the run so far."""
+
+    def __init__(self) -> None:
+        self.first: tuple[int, float] | None = None
+        self.last: tuple[int, float] | None = None
+
+    def observe(self, steps: int, at: float) -> None:
+        if steps <= 0:
+            return
+        if self.first is None:
+            self.first = (steps, at)
+        self.last = (steps, at)
+
+    def step_s(self) -> float | None:
+        if self.first is None or self.last is None or self.last[0] <= self.first[0]:
+            return None
+        return (self.last[1] - self.first[1]) / (self.last[0] - self.first[0])
+
+
+def read_beats(folder: Path, run: int) -> dict[int, dict[str, Any]]:
+    beats = {}
+    for path in folder.glob("rank-*.json"):
+        try:
+            beat = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # being replaced this instant, or torn by a full disk: read again next poll
+        if beat.get("run") == run:
+            beats[int(beat["rank"])] = beat
+    return beats
+
+
+def limit(settings: Settings, beats: dict[int, dict[str, Any]], clock: StepClock) -> tuple[float, str]:
+    """How long no rank may be active before it is a hang, and why that long."""
+    if len(beats) < settings.world or any(int(b.get("steps", 0)) == 0 for b in beats.values()):
+        return max(START_S, settings.timeout or 0.0), "start-up allowance"
+    if settings.timeout:
+        return settings.timeout, "--hang-timeout"
+    step_s = clock.step_s()
+    learned = max(FLOOR_S, K * step_s) if step_s else FLOOR_S
+    return learned, f"learned: max({FLOOR_S:g} s, {K:g} x {step_s or 0:.3f} s/step)"
+
+
+def watch(settings: Settings, step_alive: Any, now: Any = time.time) -> dict[str, Any] | None:
+    """Poll until the step ends (None) or hangs (the hang's record)."""
+    clock = StepClock()
+    started = now()
+    while step_alive():
+        time.sleep(POLL_S)
+        if settings.stop_file is not None and settings.stop_file.exists():
+            continue  # saving for a requeue: the stop path has its own grace and Slurm's limit
+        beats = read_beats(settings.heartbeats, settings.run)
+        if not beats:
+            continue  # a script that does not use hpc_train.runtime leaves no trace to judge by
+        if all(b.get("state") in ("finishing", "failed") for b in beats.values()):
+            return None
+        for beat in beats.values():
+            clock.observe(int(beat.get("steps", 0)), float(beat["at"]))
+        active = max([float(b["at"]) for b in beats.values()] + [started])
+        allowed, why = limit(settings, beats, clock)
+        if now() - active > allowed:
+            return {"run": settings.run, "quiet_s": round(now() - active, 1), "limit_s": round(allowed, 1),
+                    "limit": why, "beats": beats}
+    return None
+
+
+def collect_dumps(settings: Settings, beats: dict[int, dict[str, Any]]) -> tuple[Path, dict[int, str]]:
+    folder = dump_folder(settings.job_folder, settings.run)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / REQUEST).touch()
+    deadline = time.time() + DUMP_WAIT_S
+    while time.time() < deadline and not all((folder / f"rank-{r}.txt").exists() for r in beats):
+        time.sleep(0.5)
+    time.sleep(0.5)  # a rank whose file just appeared may still be writing it
+    dumps = {}
+    for rank in beats:
+        try:
+            dumps[rank] = (folder / f"rank-{rank}.txt").read_text(errors="replace")
+        except OSError:
+            continue
+    return folder, dumps
+
+
+def report(settings: Settings, hang: dict[str, Any], folder: Path, culprits: list[Culprit]) -> None:
+    beats = hang.pop("beats")
+    record = {**hang, "at": time.time(), "dumps": str(folder), "culprits": [c.as_dict() for c in culprits],
+              "ranks": {str(r): {"host": b.get("host"), "steps": b.get("steps"), "at": b.get("at")}
+                        for r, b in sorted(beats.items())}}
+    _append(settings.job_folder / contract.HANGS, record)
+    (settings.job_folder / contract.HANG_RUN).write_text(f"{settings.run}\n")
+    hosts = {c.host for c in culprits if c.host != "?"}
+    if hosts and len(hosts) < len({b.get("host") for b in beats.values()}):
+        for host in sorted(hosts):
+            _append(settings.job_folder / contract.SUSPECT_NODES,
+                    {"node": host, "run": settings.run, "reason": "hang", "at": time.time()})
+    log(f"hang in run {settings.run}: no rank active for {hang['quiet_s']:.0f} s "
+        f"(limit {hang['limit_s']:g} s, {hang['limit']}); stacks in {folder}")
+    for c in culprits:
+        log(f"hang: rank {c.rank} on {c.host} {c.reason}" + (f"; at {c.top[0]}" if c.top else ""))
+    if not culprits:
+        log("hang: no rank stands out (every rank waits); see the stacks")
+
+
+def _append(path: Path, record: dict[str, Any]) -> None:
+    try:
+        with open(path, "a") as out:
+            out.write(json.dumps(record) + "\n")
+    except OSError as exc:  # the report is lost, the hang is still ended and said in the log
+        log(f"could not write {path}: {exc}")
+
+
+def end_step(settings: Settings, step_pid: int) -> None:
+    """Kill every srun step of this run (the training processes with them); the batch script goes on."""
+    steps = []
+    if settings.job_id:
+        out = subprocess.run(["squeue", "-h", "-s", "-j", settings.job_id, "-o", "%i"],
+                             capture_output=True, text=True, timeout=60)
+        steps = [s for s in out.stdout.split() if s.rpartition(".")[2].isdigit()]
+    for step in steps:
+        subprocess.run(["scancel", "--signal=KILL", step], capture_output=True, timeout=60)
+    if not steps:
+        try:
+            os.kill(step_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def log(message: str) -> None:
+    print(f"hpc_train: {message}", file=sys.stderr, flush=True)
+
+
+def _alive(pid: int) -> Any:
+    def check() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    return check
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hpc_train.runtime.watchdog")
+    parser.add_argument("--step-pid", type=int, required=True, help="the batch script's srun")
+    args = parser.parse_args(argv)
+    settings = Settings.from_env()
+    hang = watch(settings, _alive(args.step_pid))
+    if hang is None:
+        return 0
+    try:
+        folder, dumps = collect_dumps(settings, hang["beats"])
+        culprits = behind(hang["beats"], settings.world, dumps)
+        report(settings, hang, folder, culprits)
+    except OSError as exc:  # a report that cannot be written never hides the hang
+        log(f"hang in run {settings.run}; its report could not be written: {exc}")
+        with contextlib.suppress(OSError):
+            (settings.job_folder / contract.HANG_RUN).write_text(f"{settings.run}\n")
+    end_step(settings, args.step_pid)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Failures the scheduler does not announce, injected for real on the sandbox: a hung rank (blocked, or
+stopped with SIGSTOP), a node where training fails at start, a crash loop."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from hpc_train.runtime.hang_report import main_stack, waiting
+from tests.conftest import REPO
+from tests.e2e.test_requeue_cluster import assert_identical, final_params, hpc, log_text, state, wait_for
+
+pytestmark = pytest.mark.e2e
+SCRIPT = REPO / "tests" / "e2e" / "faulty_train.py"
+HANG_TIMEOUT = 10
+
+
+def submit(job_root: Path, backend: str, *extra: str, script_args: tuple[str, ...] = (), steps: int = 300) -> str:
+    out = hpc("submit", "--site", "sandbox", "--job-root", str(job_root), "--backend", backend, "--nodes", "2",
+              "--procs-per-node", "1", "--parsable", *extra, str(SCRIPT), "--", "--steps", str(steps), *script_args)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def finished(job: str) -> bool:
+    return state(job) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+
+
+def hosts(job_root: Path, job: str, run: int) -> set[str]:
+    return {p.read_text() for p in (job_root / job).glob(f"hosts-{run}-rank-*")}
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.parametrize("backend, how, spares", [("torchrun", "sleep", 1), ("mpi", "stop", 0)])
+def test_a_hung_rank_is_named_and_the_run_restarts_elsewhere_from_its_checkpoint(slurm_cluster, sandbox_job_root, backend,
+                                                                                 how, spares):
+    reference = submit(sandbox_job_root, backend, "--no-requeue")
+    job = submit(sandbox_job_root, backend, "--hang-timeout", str(HANG_TIMEOUT), "--checkpoint-every", "25",
+                 "--spare-nodes", str(spares), script_args=("--hang", f"1:120:{how}", "--step-seconds", "0.02"))
+    wait_for(lambda: finished(job), 420, "the hung job to finish", release=job)
+    wait_for(lambda: finished(reference), 120, "the reference job")
+    folder = sandbox_job_root / job
+    text = log_text(sandbox_job_root, job)
+    assert state(job) == "COMPLETED", text[-3000:]
+    assert int((folder / "runs").read_text()) == 2, text[-3000:]
+
+    [hang] = records(folder / "hangs.jsonl")
+    hung_host = (folder / "hosts-1-rank-1").read_text()
+    assert [(c["rank"], c["host"]) for c in hang["culprits"]] == [(1, hung_host)], hang
+    assert hang["limit"] == "--hang-timeout" and HANG_TIMEOUT <= hang["quiet_s"] <= HANG_TIMEOUT + 5, hang
+    dumps = Path(hang["dumps"])
+    assert waiting(main_stack((dumps / "rank-0.txt").read_text()))  # rank 0 waits for rank 1
+    if how == "sleep":  # the blocked rank answered: its stack shows where it is stuck
+        assert "not inside the collective" in hang["culprits"][0]["reason"]
+        assert "faulty_train.py" in (dumps / "rank-1.txt").read_text()
+    else:  # a stopped process cannot answer; its heartbeat stopped with it (often a beat behind the others)
+        reason = hang["culprits"][0]["reason"]
+        assert not (dumps / "rank-1.txt").exists() and ("did not answer" in reason or "stopped at step" in reason)
+    assert f"hang: rank 1 on {hung_host}" in text, text[-3000:]
+
+    # the restart avoided the node (inside the allocation with a spare, else by the requeue's exclusion),
+    # resumed from the last checkpoint, and changed nothing
+    assert hung_host not in hosts(sandbox_job_root, job, 2), (hung_host, hosts(sandbox_job_root, job, 2))
+    if spares:
+        assert "restarting inside the allocation" in text and "requeueing" not in text, text[-3000:]
+    else:
+        assert "requeueing" in text and f"the next run avoids {hung_host}" in text, text[-3000:]
+    assert "run 2: starting at step 1" in text and "starting at step 0\n" not in text.split("run 2:")[-1]
+    assert_identical(final_params(sandbox_job_root, reference), final_params(sandbox_job_root, job))
+
+
+@pytest.mark.parametrize("spares", [0, 1])
+def test_a_sick_node_is_avoided_inside_the_allocation_or_by_the_requeue(slurm_cluster, sandbox_job_root, spares):
+    marker = sandbox_job_root / f"sick-node-{time.time_ns()}"
+    job = submit(sandbox_job_root, "torchrun", "--on-failure", "requeue", "--spare-nodes", str(spares),
+                 script_args=("--sick-node", str(marker)), steps=60)
+    wait_for(lambda: finished(job), 300, "the job on a sick node to finish", release=job)
+    folder = sandbox_job_root / job
+    text = log_text(sandbox_job_root, job)
+    sick = marker.read_text()
+    assert state(job) == "COMPLETED", text[-3000:]
+    assert int((folder / "runs").read_text()) == 2, text[-3000:]
+    assert [(s["node"], s["reason"]) for s in records(folder / "suspect_nodes.jsonl")] == [(sick, "failed first")]
+    assert sick not in hosts(sandbox_job_root, job, 2) and len(hosts(sandbox_job_root, job, 2)) == 2
+    if spares:  # no requeue, no queue wait: the spare was in the allocation all along
+        assert "restarting inside the allocation" in text and "requeueing" not in text, text[-3000:]
+    else:
+        assert f"the next run avoids {sick}" in text and "requeueing" in text, text[-3000:]
+
+
+def test_a_crash_loop_ends_at_the_first_restart_that_makes_no_progress(slurm_cluster, sandbox_job_root):
+    # rank 1 fails at step 10 wherever it runs, before the first checkpoint (every 25)
+    job = submit(sandbox_job_root, "torchrun", "--on-failure", "requeue", "--max-restarts", "6",
+                 "--checkpoint-every", "25", script_args=("--crash-at", "10"), steps=60)
+    wait_for(lambda: finished(job), 300, "the crash loop to end", release=job)
+    text = log_text(sandbox_job_root, job)
+    runs = int((sandbox_job_root / job / "runs").read_text())
+    assert state(job) == "FAILED", text[-3000:]
+    assert runs == 2, text[-3000:]  # run 1 failed, its restart failed at the same place: no third try
+    assert "failed without getting past the start" in text and "not requeueing" in text, text[-3000:]

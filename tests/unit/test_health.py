@@ -1,0 +1,63 @@
+"""Between runs (hpc_train.runtime.health): where a run began, the no-progress rule, the crash's node."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hpc_train.runtime.health import newest_step, no_progress, record_start
+
+
+def commit(job: Path, step: int, complete: bool = True) -> None:
+    folder = job / "checkpoints" / f"step-{step:08d}"
+    folder.mkdir(parents=True)
+    if complete:
+        (folder / "COMMIT").write_text("{}")
+
+
+def test_the_newest_committed_checkpoint_is_where_a_run_begins(tmp_path):
+    assert newest_step(tmp_path) == -1
+    commit(tmp_path, 25)
+    commit(tmp_path, 50)
+    commit(tmp_path, 75, complete=False)  # being written when the run ended: not a checkpoint
+    assert newest_step(tmp_path) == 50
+    record_start(tmp_path, 3)
+    assert (tmp_path / "run_start_step").read_text().split() == ["3", "50"]
+
+
+def test_a_restart_that_commits_nothing_new_stops_the_loop(tmp_path):
+    commit(tmp_path, 25)
+    record_start(tmp_path, 2)
+    reason = no_progress(tmp_path, 2)
+    assert reason is not None and "run 2" in reason and "step 25" in reason and "restart budget" in reason
+    commit(tmp_path, 50)
+    assert no_progress(tmp_path, 2) is None  # it got further: worth another try
+
+
+def test_the_first_run_and_an_unrecorded_run_are_not_judged(tmp_path):
+    record_start(tmp_path, 1)
+    assert no_progress(tmp_path, 1) is None
+    assert no_progress(tmp_path, 2) is None  # the record is run 1's: nothing known about run 2
+
+
+def test_failed_writes_the_no_retry_file_and_names_the_crashed_node(tmp_path):
+    beats = tmp_path / "heartbeats"
+    beats.mkdir()
+    for rank, host, error in ((0, "n1", "DistBackendError: Connection closed by peer"), (1, "n2", "RuntimeError: ECC")):
+        record = {"rank": rank, "host": host, "run": 2, "steps": 0, "at": time.time() + rank * 0.1,
+                  "state": "failed", "error": error}
+        (beats / f"rank-{rank}.json").write_text(json.dumps(record))
+    record_start(tmp_path, 2)
+    env = {**os.environ, "HPC_TRAIN_JOB_FOLDER": str(tmp_path), "HPC_TRAIN_RUN": "2",
+           "HPC_TRAIN_HEARTBEATS": str(beats), "HPC_TRAIN_NO_RETRY_FILE": str(tmp_path / "no_retry")}
+    out = subprocess.run([sys.executable, "-m", "hpc_train.runtime.health", "failed"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "failed without getting past the start" in (tmp_path / "no_retry").read_text()
+    [suspect] = [json.loads(line) for line in (tmp_path / "suspect_nodes.jsonl").read_text().splitlines()]
+    assert (suspect["node"], suspect["run"], suspect["reason"]) == ("n2", 2, "failed first")
+    assert "the ranks on n2 failed first" in out.stderr

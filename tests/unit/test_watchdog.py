@@ -1,0 +1,94 @@
+"""The hang watchdog off Slurm, against real processes: one that trains and then blocks, one that ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from hpc_train.runtime import watchdog
+from hpc_train.runtime.watchdog import Settings, StepClock, limit
+
+# a rank that makes 30 steps with hpc_train's heartbeat, then blocks (or ends) as a hung rank would
+RANK = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from hpc_train.runtime.heartbeat import Heartbeat, dump_folder
+    job = Path(sys.argv[1])
+    beat = Heartbeat(job / "heartbeats", int(sys.argv[2]), 1, dump_folder(job, 1), poll_s=0.2)
+    for _ in range(30):
+        time.sleep(0.01)
+        beat.beat()
+    if sys.argv[3] == "hang":
+        time.sleep(1000)
+    beat.finishing()
+    beat.close()
+""")
+
+
+def env(job: Path, timeout: str, world: int = 2) -> dict[str, str]:
+    return {**os.environ, "HPC_TRAIN_JOB_FOLDER": str(job), "HPC_TRAIN_HEARTBEATS": str(job / "heartbeats"),
+            "HPC_TRAIN_RUN": "1", "HPC_TRAIN_NODES": str(world), "HPC_TRAIN_PROCS_PER_NODE": "1",
+            "HPC_TRAIN_HANG_TIMEOUT": timeout, "SLURM_JOB_ID": ""}
+
+
+def start_ranks(job: Path, how: str, world: int = 2) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-c", RANK, str(job), str(rank), how], env=env(job, "3", world))
+            for rank in range(world)]
+
+
+def test_a_blocked_run_is_declared_hung_with_stacks_and_ended(tmp_path):
+    ranks = start_ranks(tmp_path, "hang")
+    # the watchdog watches rank 0's process as "the step" and kills it when it declares the hang
+    started = time.time()
+    out = subprocess.run([sys.executable, "-m", "hpc_train.runtime.watchdog", "--step-pid", str(ranks[0].pid)],
+                         env=env(tmp_path, "3"), capture_output=True, text=True, timeout=60)
+    took = time.time() - started
+    ranks[0].wait(timeout=10)
+    ranks[1].kill()
+    [hang] = [json.loads(line) for line in (tmp_path / "hangs.jsonl").read_text().splitlines()]
+    assert ranks[0].returncode == -9 and out.returncode == 0, out.stderr
+    assert 3 <= hang["quiet_s"] <= 3 + 3 and took < 3 + 15, (hang, took)  # + heartbeat period, + stack wait
+    for rank in (0, 1):  # both ranks answered from their heartbeat thread while the main thread slept
+        assert "in <module>" in (Path(hang["dumps"]) / f"rank-{rank}.txt").read_text()
+    assert "hang in run 1: no rank active" in out.stderr
+    assert (tmp_path / "hang_run").read_text().strip() == "1"
+
+
+def test_a_run_that_finishes_is_left_alone(tmp_path):
+    ranks = start_ranks(tmp_path, "end")
+    out = subprocess.run([sys.executable, "-m", "hpc_train.runtime.watchdog", "--step-pid", str(ranks[0].pid)],
+                         env=env(tmp_path, "3"), capture_output=True, text=True, timeout=60)
+    for rank in ranks:
+        assert rank.wait(timeout=30) == 0
+    assert out.returncode == 0 and not (tmp_path / "hangs.jsonl").exists(), out.stderr
+
+
+def settings(tmp_path: Path, timeout: float | None, world: int = 2) -> Settings:
+    return Settings(job_folder=tmp_path, heartbeats=tmp_path, run=1, world=world, timeout=timeout,
+                    stop_file=None, job_id=None)
+
+
+def test_start_up_has_its_own_longer_allowance(tmp_path):
+    started = {0: {"steps": 0, "at": 1.0}, 1: {"steps": 5, "at": 1.0}}
+    allowed, why = limit(settings(tmp_path, 10), started, StepClock())
+    assert allowed == watchdog.START_S and why == "start-up allowance"
+    assert limit(settings(tmp_path, 10), {0: {"steps": 5, "at": 1.0}}, StepClock())[1] == "start-up allowance"
+
+
+def test_the_timeout_is_learned_from_the_run_unless_given(tmp_path):
+    clock = StepClock()
+    for steps in range(1, 101):
+        clock.observe(steps, steps * 30.0)  # 30 s a step: K x 30 s is past the floor
+    training = {0: {"steps": 100, "at": 3000.0}, 1: {"steps": 100, "at": 3000.0}}
+    allowed, why = limit(settings(tmp_path, None), training, clock)
+    assert allowed == watchdog.K * 30.0 and why.startswith("learned")
+    fast = StepClock()
+    fast.observe(1, 0.0)
+    fast.observe(1000, 10.0)
+    assert limit(settings(tmp_path, None), training, fast)[0] == watchdog.FLOOR_S
+    assert limit(settings(tmp_path, 42), training, clock) == (42, "--hang-timeout")
