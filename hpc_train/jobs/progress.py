@@ -1,8 +1,8 @@
 """A job's life on the login node while you wait (``submit --wait``, ``status --watch``).
 
 Each poll takes one snapshot (the controller's state, reason and nodes, the run counter, the newest
-metrics line) and turns what changed into events: pending and why, running where, requeued,
-finished. On a terminal a live line (rich) shows the current step, throughput and loss under the
+metrics line, the ranks named as stragglers) and turns what changed into events: pending and why,
+running where, a straggler named, requeued, finished. On a terminal a live line (rich) shows the current step, throughput and loss under the
 events; elsewhere (CI logs, pipes) the events are plain lines, with a progress line now and then.
 """
 
@@ -30,6 +30,7 @@ class Snapshot:
     elapsed: str = ""
     runs: int = 0
     metrics: dict[str, Any] = field(default_factory=dict)
+    stragglers: list[dict[str, Any]] = field(default_factory=list)  # stragglers.jsonl, oldest first
 
 
 def last_metrics(handle: JobHandle, tail_bytes: int = 8192) -> dict[str, Any]:
@@ -53,12 +54,52 @@ def last_metrics(handle: JobHandle, tail_bytes: int = 8192) -> dict[str, Any]:
     return {}
 
 
+def stragglers(handle: JobHandle, limit_bytes: int = 65536) -> list[dict[str, Any]]:
+    """The ranks named slower than the others (one line each, hpc_train.runtime.straggler), or []."""
+    path = handle.folder / contract.METRICS / contract.STRAGGLERS
+    try:
+        with path.open("rb") as f:
+            text = f.read(limit_bytes).decode(errors="replace")  # a line per naming: small
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # the line being written
+        if isinstance(record, dict) and isinstance(record.get("rank"), int):
+            out.append(record)
+    return out
+
+
+def straggler_line(named: dict[str, Any]) -> str:
+    where = f" on {named['host']}" if named.get("host") else ""
+    slower = f" is {named['slowdown'] * 100:.0f}% slower than the median" if named.get("slowdown") is not None else ""
+    at = f" (step {named['step']})" if named.get("step") is not None else ""
+    return f"straggler: rank {named['rank']}{where}{slower}{at}"
+
+
+def stragglers_text(named: list[dict[str, Any]], run: int) -> str:
+    """The live line's part: this run's named ranks, the slowest first."""
+    current = [s for s in named if s.get("run", run) == run] if run else named
+    if not current:
+        return ""
+    latest = {s["rank"]: s for s in current}  # a rank named twice: its newest naming
+    ranked = sorted(latest.values(), key=lambda s: -(s.get("slowdown") or 0))
+    parts = [f"rank {s['rank']}" + (f" ({s['host']})" if s.get("host") else "")
+             + (f" +{s['slowdown'] * 100:.0f}%" if s.get("slowdown") is not None else "") for s in ranked[:3]]
+    more = f" +{len(ranked) - 3} more" if len(ranked) > 3 else ""
+    return ("straggler " if len(ranked) == 1 else "stragglers ") + ", ".join(parts) + more
+
+
 def snapshot(handle: JobHandle, look: Look) -> Snapshot:
     info = look.info
     reason = info.get("Reason", "")
     return Snapshot(state=look.state, reason="" if reason in ("None", "(null)") else reason,
                     nodes=info.get("NodeList", "") if info.get("NodeList") not in (None, "(null)") else "",
-                    elapsed=info.get("RunTime", ""), runs=handle.runs, metrics=last_metrics(handle))
+                    elapsed=info.get("RunTime", ""), runs=handle.runs, metrics=last_metrics(handle),
+                    stragglers=stragglers(handle))
 
 
 def progress_text(m: dict[str, Any]) -> str:
@@ -93,6 +134,12 @@ def events(job_id: str, before: Snapshot | None, now: Snapshot) -> list[str]:
         out.append(f"job {job_id}: {now.state}{took}{runs}" + (f" ({done})" if done else ""))
     elif was != now.state:
         out.append(f"job {job_id}: {now.state}")
+    told = len(before.stragglers) if before is not None else 0  # a first look tells what a watcher missed
+    named = [f"job {job_id}: {straggler_line(s)}" for s in now.stragglers[told:]]
+    if named and out and now.state not in ACTIVE_STATES:
+        out[-1:-1] = named  # in the order it happened: named during the run, then the end
+    else:
+        out += named
     return out
 
 
@@ -111,7 +158,8 @@ class _Plain:
         if snap.state == "RUNNING" and step is not None and step != self.last_step \
                 and now - self.last_progress >= PLAIN_PROGRESS_EVERY_S:
             self.last_progress, self.last_step = now, step
-            print(f"job {job_id}: {progress_text(snap.metrics)}", file=self.out, flush=True)
+            slow = stragglers_text(snap.stragglers, snap.runs)
+            print(f"job {job_id}: {progress_text(snap.metrics)}" + (f" · {slow}" if slow else ""), file=self.out, flush=True)
 
     def close(self) -> None:
         pass
@@ -143,7 +191,7 @@ class _Live:
             details.append(snap.reason)
         if snap.state == "RUNNING":
             details += [x for x in (snap.nodes, f"run {snap.runs}" if snap.runs > 1 else "", snap.elapsed,
-                                    progress_text(snap.metrics)) if x]
+                                    progress_text(snap.metrics), stragglers_text(snap.stragglers, snap.runs)) if x]
         if details:
             text.append("  " + " · ".join(details), style="dim")
         self.spinner.update(text=text)

@@ -14,6 +14,11 @@ seconds, on rank 0 only. Files (in ``$HPC_TRAIN_JOB_FOLDER/metrics/``)::
     steps.jsonl             one line per optimizer step, plus a ``run_start``/``run_end`` line per run
     tensorboard/            event files (a requeued run continues the curves; redone steps replace theirs)
     hpc_train.prom          Prometheus text format, rewritten atomically every ~10 s
+    stragglers.jsonl        one line per rank named slower than the others (hpc_train.runtime.straggler)
+
+Straggler detection (``HPC_TRAIN_STRAGGLER_THRESHOLD``, ``HPC_TRAIN_STRAGGLER_WINDOW``) rides on the
+same step path: each step hands its wall time and communication intervals to the monitor, which
+gathers every rank's compute time once per window and adds an ``"event": "ranks"`` line to steps.jsonl.
 
 ``HPC_TRAIN_METRICS=0`` (``submit --no-metrics``, ``rt.init(metrics=False)``) turns all of it off.
 """
@@ -32,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpc_train import contract
+from hpc_train.runtime import straggler
 
 if TYPE_CHECKING:
     from hpc_train.runtime.base import BackendRuntime
@@ -46,6 +52,7 @@ PROM_EVERY_S = 10.0
 # Building and checksumming one TensorBoard event costs ~0.1 ms of Python; past this rate each event
 # carries the mean of the steps since the previous one, so fast steps do not pay per step.
 TB_EVENTS_PER_S = 10.0
+RANK_TAGS_UP_TO = 32  # ranks with a TensorBoard tag each; larger jobs get the median and the slowest
 
 
 def enabled(default: bool = True, environ: dict[str, str] | None = None) -> bool:
@@ -104,6 +111,9 @@ class _CpuClock:
     def seconds(self, intervals: list[tuple[Any, Any]]) -> float:
         return union_seconds(intervals)
 
+    def settle(self) -> None:
+        """Nothing is in flight on the host clock."""
+
 
 class _CudaClock:
     """Marks are CUDA events on the current stream, so they time the device, not the kernel launches."""
@@ -123,6 +133,10 @@ class _CudaClock:
             return 0.0
         ref = intervals[0][0]
         return union_seconds([(ref.elapsed_time(a) / 1e3, ref.elapsed_time(b) / 1e3) for a, b in intervals])
+
+    def settle(self) -> None:
+        """Wait for the device: events can be read, and host time since the last settle is device time."""
+        self.torch.cuda.synchronize()
 
 
 class MetricsRecorder:
@@ -151,6 +165,8 @@ class MetricsRecorder:
         self._extras: dict[str, Any] = {}
         self._comm: list[tuple[Any, Any]] = []
         self._pending: list[tuple[Any, ...]] = []
+        self._windows: list[dict[str, Any]] = []  # the straggler monitor's per-rank records, written at flush
+        self.straggler: straggler.StragglerMonitor | None = None  # set by attach(): it needs the runtime's gather
         self._last_flush = time.perf_counter()
         self._last_prom = -math.inf
         self._last_tb = time.perf_counter()
@@ -167,11 +183,18 @@ class MetricsRecorder:
 
     # -- wiring ---------------------------------------------------------------------------
     def attach(self, runtime: BackendRuntime) -> None:
-        """Time the backend's blocking gradient averaging (Horovod, MPI); DDP is timed by its comm hook."""
+        """Time the backend's blocking gradient averaging (Horovod, MPI); DDP is timed by its comm hook.
+        Compare the ranks' compute times through the runtime's gather (straggler detection)."""
         from hpc_train.runtime.base import BackendRuntime
 
         if type(runtime).synchronize_gradients is not BackendRuntime.synchronize_gradients:
             self.time_method(runtime, "synchronize_gradients")
+        parallel = getattr(runtime, "parallel", None)  # pipeline stages do different work: compared apart
+        self.straggler = straggler.monitor(
+            rank=self.rank, world_size=self.world_size, gather=runtime.gather_object, seconds=self.clock.seconds,
+            settle=self.clock.settle, gather_numbers=number_gather(runtime, self.rank, self.world_size),
+            folder=self.folder if self.rank == 0 else None, run=self.run,
+            group=getattr(parallel, "stage", None) if parallel is not None and parallel.pp_size > 1 else None)
 
     def time_method(self, obj: Any, name: str) -> None:
         """Replace ``obj.name`` on the instance by a version that counts its time as communication."""
@@ -283,6 +306,10 @@ class MetricsRecorder:
         loss = self._loss / self._loss_n if self._loss_n else None
         samples = self._samples if self._samples_known else None
         self._pending.append((self.step, time.time(), step_s, samples, loss, self._comm, self._extras))
+        if self.straggler is not None:
+            window = self.straggler.on_step(self.step, step_s, self._comm)  # a gather once per window
+            if window is not None and self.writes:
+                self._windows.append(window)
         self._comm, self._extras = [], {}
         self._loss, self._loss_n, self._samples, self._samples_known = None, 0, 0, False
         self._mark = now
@@ -291,12 +318,13 @@ class MetricsRecorder:
     def flush(self) -> list[dict[str, Any]]:
         """Turn pending steps into rows and write them (rank 0); returns the rows."""
         pending, self._pending = self._pending, []
+        windows, self._windows = self._windows, []
         self._last_flush = time.perf_counter()
         if not pending or not self.writes:
             return []
         try:
             rows = self._rows(pending)
-            self._write(rows)
+            self._write(rows, windows)
         except Exception as exc:  # metrics must never end a training run
             _log(f"disabled after an error: {type(exc).__name__}: {exc}")
             self.writes = False
@@ -333,7 +361,7 @@ class MetricsRecorder:
             rows[-1].update(gpu)  # utilisation is a time average: one sample per flush
         return rows
 
-    def _write(self, rows: list[dict[str, Any]]) -> None:
+    def _write(self, rows: list[dict[str, Any]], windows: list[dict[str, Any]] | None = None) -> None:
         assert self.folder is not None
         if self._jsonl is None:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -344,9 +372,11 @@ class MetricsRecorder:
                       "time": round(self.started_at, 3), "job_id": self.job_id, "backend": self.backend,
                       "world_size": self.world_size, "host": socket.gethostname(), "device": self.device_type}
             self._jsonl.write(json.dumps(header) + "\n")
-        self._jsonl.write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
+        self._jsonl.write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows + (windows or [])))
         self._jsonl.flush()  # to the OS: readable from the login node; no fsync per flush
         self._write_tensorboard(rows)
+        if windows and self._tb:
+            self._write_rank_scalars(windows)
         now = time.perf_counter()
         if now - self._last_prom >= PROM_EVERY_S:
             self._last_prom = now
@@ -378,6 +408,24 @@ class MetricsRecorder:
             chunk = rows[i:i + per_event]
             values = [Summary.Value(tag=tag, simple_value=v) for tag, v in _tb_scalars(chunk).items()]
             writer.add_summary(Summary(value=values), chunk[-1]["step"], chunk[-1]["time"])
+        writer.flush()
+
+    def _write_rank_scalars(self, windows: list[dict[str, Any]]) -> None:
+        """One event per window: the median and slowest rank's compute time, and every rank's while
+        there are few enough for TensorBoard's chart list to stay readable."""
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        writer = self._tb._get_file_writer()
+        for window in windows:
+            compute = window["compute_ms"]
+            known = [c for c in compute if c is not None]
+            if not known:
+                continue
+            scalars = {"ranks/compute_ms_median": window.get("median_ms", 0.0), "ranks/compute_ms_max": max(known)}
+            if len(compute) <= RANK_TAGS_UP_TO:
+                scalars.update({f"ranks/compute_ms/rank_{r}": c for r, c in enumerate(compute) if c is not None})
+            values = [Summary.Value(tag=tag, simple_value=v) for tag, v in scalars.items()]
+            writer.add_summary(Summary(value=values), window["last_step"], window["time"])
         writer.flush()
 
     def _write_prometheus(self, rows: list[dict[str, Any]]) -> None:
@@ -521,6 +569,22 @@ def _nvml_sampler() -> Callable[[], dict[str, float]] | None:
                 "gpu_mem_bytes": float(torch.cuda.device_memory_used(device))}
 
     return sample
+
+
+def number_gather(runtime: BackendRuntime, rank: int, world_size: int) -> Callable[[float | None], list[float | None]]:
+    """Every rank's number through one all-reduce of a float per rank, each rank filling its own slot.
+
+    Every backend's runtime has an all-reduce, and this one is cheaper than ``gather_object`` (pickling
+    and two collectives): what a check every few dozen steps can afford. NaN stands for None.
+    """
+    def gather(value: float | None) -> list[float | None]:
+        import torch
+
+        slots = torch.zeros(world_size, dtype=torch.float64, device=runtime.device)  # NCCL reduces device memory
+        slots[rank] = math.nan if value is None else value
+        return [None if math.isnan(v) else v for v in runtime.all_reduce(slots).tolist()]
+
+    return gather
 
 
 def recorder_for(backend: str, runtime: BackendRuntime, default: bool = True) -> MetricsRecorder | None:

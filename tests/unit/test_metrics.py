@@ -207,3 +207,63 @@ def test_textfile_collector_copy_is_removed_when_the_run_ends(job_folder, tmp_pa
     assert (collector / "hpc_train_job_4242.prom").is_file()
     recorder.close()
     assert not (collector / "hpc_train_job_4242.prom").exists() and (job_folder / "metrics" / PROM).is_file()
+
+
+class ThreeRanks(BackendRuntime):
+    """Rank 0 of three whose peers each answer 2 ms of compute per step: the gather's answer, not a fake detector."""
+
+    def gather_object(self, obj):
+        return [obj, (0.002, "peer1", None), (0.002, "peer2", None)]
+
+    def all_reduce(self, tensor, op="sum"):
+        tensor[1:] += 0.002
+        return tensor
+
+
+def test_straggler_windows_go_to_steps_jsonl_and_tensorboard_without_disturbing_the_step_rows(job_folder, monkeypatch):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from hpc_train import contract
+    from hpc_train.jobs import progress, report
+
+    monkeypatch.setenv(contract.ENV_STRAGGLER_WINDOW, "4")
+    monkeypatch.delenv(contract.ENV_STRAGGLER_THRESHOLD, raising=False)
+    recorder = MetricsRecorder(job_folder / "metrics", rank=0, world_size=3, flush_s=3600)
+    recorder.attach(ThreeRanks(detect({}), RuntimeOptions()))
+    assert recorder.straggler is not None and recorder.straggler.window == 4
+    for _ in range(12):
+        recorder.on_backward(torch.tensor(1.0))
+        time.sleep(0.006)  # rank 0 computes 6 ms a step: three times its peers
+        recorder.on_step()
+    recorder.close()
+
+    lines = read_jsonl(job_folder)
+    windows = [line for line in lines if line.get("event") == "ranks"]
+    assert [w["last_step"] for w in windows] == [4, 8, 12] and [w["first_step"] for w in windows] == [1, 5, 9]
+    assert all(w["compute_ms"][0] >= 6.0 and w["compute_ms"][1:] == [2.0, 2.0] for w in windows)
+    assert windows[0]["hosts"][1:] == ["peer1", "peer2"]
+    assert [line["step"] for line in lines if "event" not in line] == list(range(1, 13))
+    assert lines.index(windows[0]) > [line.get("step") for line in lines].index(4)  # after the steps it covers
+    named = [json.loads(line) for line in (job_folder / "metrics" / contract.STRAGGLERS).read_text().splitlines()]
+    assert [(n["rank"], n["step"], n["windows"]) for n in named] == [(0, 12, 3)] and named[0]["slowdown"] > 1.5
+
+    m = report.load(job_folder)  # the readers: steps stay steps
+    assert [r["step"] for r in m.rows] == list(range(1, 13)) and len(m.windows) == 3 and len(m.stragglers) == 1
+    assert "event" not in progress.last_metrics(type("H", (), {"folder": job_folder})())
+    acc = EventAccumulator(str(job_folder / "metrics" / TB_DIR))
+    acc.Reload()
+    assert {"ranks/compute_ms_median", "ranks/compute_ms_max", "ranks/compute_ms/rank_0"} <= set(acc.Tags()["scalars"])
+    assert [e.step for e in acc.Scalars("ranks/compute_ms/rank_1")] == [4, 8, 12]
+
+
+def test_straggler_detection_off_adds_nothing(job_folder, monkeypatch):
+    from hpc_train import contract
+
+    monkeypatch.setenv(contract.ENV_STRAGGLER_THRESHOLD, "off")
+    recorder = MetricsRecorder(job_folder / "metrics", rank=0, world_size=3, flush_s=3600)
+    recorder.attach(ThreeRanks(detect({}), RuntimeOptions()))
+    assert recorder.straggler is None
+    for _ in range(8):
+        recorder.on_step()
+    recorder.close()
+    assert not [line for line in read_jsonl(job_folder) if line.get("event") == "ranks"]

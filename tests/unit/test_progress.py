@@ -92,3 +92,46 @@ def test_watch_on_a_terminal_draws_a_live_line_and_keeps_the_events(tmp_path):
     assert progress.watch(handle, out, tty=True, poll_s=0) == "FAILED"
     text = out.getvalue()
     assert "job 9: RUNNING on n1 (run 1)" in text and "job 9: FAILED (step 5 · 99 samples/s · loss 0.5)" in text
+
+
+NAMED = {"rank": 3, "host": "n2", "slowdown": 0.45, "step": 150, "windows": 3, "run": 1}
+
+
+def test_a_named_straggler_is_told_once_and_before_the_end():
+    running = Snapshot("RUNNING", nodes="n[1-2]", runs=1, metrics={"step": 100})
+    slow = Snapshot("RUNNING", nodes="n[1-2]", runs=1, metrics={"step": 160}, stragglers=[NAMED])
+    assert events("42", running, slow) == ["job 42: straggler: rank 3 on n2 is 45% slower than the median (step 150)"]
+    assert events("42", slow, slow) == []
+    done = Snapshot("COMPLETED", elapsed="00:02:00", runs=1, stragglers=[NAMED, {**NAMED, "rank": 1, "step": 300}])
+    assert events("42", slow, done) == ["job 42: straggler: rank 1 on n2 is 45% slower than the median (step 300)",
+                                        "job 42: COMPLETED after 00:02:00"]
+    assert events("42", None, slow)[-1].startswith("job 42: straggler: rank 3")  # status --watch joining late
+
+
+def test_the_live_line_shows_this_runs_stragglers_slowest_first():
+    named = [NAMED, {**NAMED, "rank": 5, "host": "n3", "slowdown": 0.9}, {**NAMED, "rank": 7, "run": 0}]
+    assert progress.stragglers_text(named, run=1) == "stragglers rank 5 (n3) +90%, rank 3 (n2) +45%"
+    assert progress.stragglers_text(named, run=2) == ""  # a requeued run starts with nobody named
+    assert progress.stragglers_text([NAMED], run=1) == "straggler rank 3 (n2) +45%"
+
+
+def test_watch_reads_the_stragglers_file_and_shows_them(tmp_path):
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics" / "steps.jsonl").write_text(json.dumps({"step": 160, "samples_per_s": 99.0}) + "\n")
+    (tmp_path / "metrics" / "stragglers.jsonl").write_text(json.dumps(NAMED) + "\n" + '{"rank": 4, "hos')
+    handle = FakeHandle(tmp_path, [{"JobState": "RUNNING", "NodeList": "n1"}, {"JobState": "RUNNING", "NodeList": "n1"},
+                                   {"JobState": "COMPLETED"}])
+    assert [s["rank"] for s in progress.stragglers(handle)] == [3]  # the half-written line is left out
+    out = io.StringIO()
+    progress.PLAIN_PROGRESS_EVERY_S, every = 0.0, progress.PLAIN_PROGRESS_EVERY_S
+    try:
+        assert progress.watch(handle, out, tty=False, poll_s=0) == "COMPLETED"
+    finally:
+        progress.PLAIN_PROGRESS_EVERY_S = every
+    lines = out.getvalue().splitlines()
+    assert lines.count("job 9: straggler: rank 3 on n2 is 45% slower than the median (step 150)") == 1
+    assert "job 9: step 160 · 99 samples/s · straggler rank 3 (n2) +45%" in lines
+    live = io.StringIO()
+    handle = FakeHandle(tmp_path, [{"JobState": "RUNNING", "NodeList": "n1"}, {"JobState": "FAILED"}])
+    progress.watch(handle, live, tty=True, poll_s=0)
+    assert "job 9: straggler: rank 3 on n2 is 45% slower than the median (step 150)" in live.getvalue()
