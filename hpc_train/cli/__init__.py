@@ -17,7 +17,7 @@ _python_showwarning = warnings.showwarning
 COMMANDS = (
     "render", "submit", "status", "logs", "cancel", "resubmit",
     "sites", "site", "backends", "plugins", "validate",
-    "report",
+    "report", "diagnose",
     "doctor", "preflight",
 )
 

@@ -1,4 +1,4 @@
-"""``report JOB``: what the run did (duration, restarts, steps, throughput, communication, loss) and plots of it."""
+"""``report JOB``: what the run did (duration, restarts, steps, throughput, communication, loss, goodput) and plots of it."""
 
 from __future__ import annotations
 
@@ -15,11 +15,15 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--out", "-o", metavar="DIR", help="where the PNGs go (default: <job folder>/report)")
     parser.add_argument("--no-plots", dest="plots", action="store_false", help="the summary only")
     parser.add_argument("--json", action="store_true", help="the summary as JSON")
+    parser.add_argument("--no-goodput", dest="goodput", action="store_false",
+                        help="leave out the goodput section (lost time by cause, GPU-hours, how each run ended)")
+    parser.add_argument("--no-sacct", dest="sacct", action="store_false",
+                        help="do not ask Slurm's accounting; estimate the allocations from the job's own files")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    from hpc_train.jobs import report
+    from hpc_train.jobs import goodput, report
 
     folder = Path(args.job_id)
     title = None
@@ -34,6 +38,9 @@ def run(args: argparse.Namespace) -> int:
         folder, title = handle.folder, f"job {handle.job_id}"
     metrics = report.load(folder)
     summary = report.summarize(metrics)
+    if args.goodput:
+        job_folder = metrics.path.parent.parent if metrics.path.parent.name == "metrics" else metrics.path.parent
+        summary["goodput"] = goodput.as_dict(goodput.load(job_folder, sacct=args.sacct))
     plots: list[Path] = []
     if args.plots and metrics.rows:
         out = Path(args.out) if args.out else metrics.path.parent.parent / "report"

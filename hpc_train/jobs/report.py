@@ -1,13 +1,15 @@
 """A finished (or running) job's metrics, read on the login node: a summary and PNG plots.
 
-Reads ``<job folder>/metrics/steps.jsonl`` (written by hpc_train.runtime.metrics). Steps a requeued
-run redid after restoring its checkpoint are taken from the newest run. Never imports torch;
+Reads ``<job folder>/metrics/steps.jsonl`` (written by hpc_train.runtime.metrics), with its per-rank
+``"event": "ranks"`` windows, and ``stragglers.jsonl`` beside it (hpc_train.runtime.straggler). Steps a
+requeued run redid after restoring its checkpoint are taken from the newest run. Never imports torch;
 matplotlib is imported only to plot.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import Any
 
 from hpc_train import contract
 from hpc_train.errors import UsageError
+from hpc_train.jobs import goodput
 
 JSONL = contract.STEPS
 
@@ -35,6 +38,16 @@ class Metrics:
     rows: list[dict[str, Any]]  # one per step, in step order, newest run's copy of a redone step
     runs: list[Run]
     bad_lines: int = 0
+    windows: list[dict[str, Any]] = field(default_factory=list)  # per-rank compute times, one per window
+    stragglers: list[dict[str, Any]] = field(default_factory=list)  # ranks named slower than the others
+
+    @property
+    def hosts(self) -> dict[int, str]:
+        """rank -> host, from the newest run that said (a requeued run may land on other nodes)."""
+        out: dict[int, str] = {}
+        for window in self.windows:
+            out.update(enumerate(window.get("hosts") or []))
+        return out
 
     @property
     def first_steps(self) -> set[int]:
@@ -67,6 +80,7 @@ def load(folder: str | Path) -> Metrics:
     path = find_jsonl(Path(folder))
     by_step: dict[int, dict[str, Any]] = {}
     runs: dict[int, Run] = {}
+    windows: list[dict[str, Any]] = []
     bad = 0
     with path.open(errors="replace") as f:
         for line in f:
@@ -88,6 +102,11 @@ def load(folder: str | Path) -> Metrics:
                 run = runs.get(int(record.get("run", 0)))
                 if run is not None:
                     run.end_time, run.end_step = record.get("time"), record.get("step")
+            elif event == "ranks":
+                if isinstance(record.get("compute_ms"), list) and isinstance(record.get("last_step"), int):
+                    windows.append(record)
+            elif event is not None:
+                continue  # a kind of line a newer writer added: not a step
             elif "step" in record:
                 by_step[int(record["step"])] = record  # a redone step: the newer run's line wins
     rows = [by_step[s] for s in sorted(by_step)]
@@ -96,7 +115,34 @@ def load(folder: str | Path) -> Metrics:
             own = [r for r in rows if r.get("run") == run.run]
             if own:
                 run.end_time, run.end_step = own[-1].get("time"), own[-1]["step"]
-    return Metrics(path, rows, [runs[k] for k in sorted(runs)], bad)
+    ordered = [runs[k] for k in sorted(runs)]
+    return Metrics(path, rows, ordered, bad, _current_windows(windows, ordered), _read_lines(path.parent / contract.STRAGGLERS))
+
+
+def _current_windows(windows: list[dict[str, Any]], runs: list[Run]) -> list[dict[str, Any]]:
+    """The windows no later run redid: as for steps, the newest run's numbers count."""
+    def superseded(window: dict[str, Any]) -> bool:
+        run = window.get("run", 0)
+        return any(later.run > run and later.start_step < window["last_step"] for later in runs)
+
+    return sorted((w for w in windows if not superseded(w)), key=lambda w: w["last_step"])
+
+
+def _read_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file that may be missing or have a line being written."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("rank"), int):
+            out.append(record)
+    return out
 
 
 def summarize(m: Metrics) -> dict[str, Any]:
@@ -128,8 +174,31 @@ def summarize(m: Metrics) -> dict[str, Any]:
     if gpu:
         out["gpu_util_mean"] = round(statistics.fmean(r["gpu_util"] for r in gpu), 1)
         out["gpu_mem_max_bytes"] = max(r.get("gpu_mem_bytes", 0) for r in gpu)
+    out.update(_rank_summary(m))
     if m.bad_lines:
         out["unreadable_lines"] = m.bad_lines
+    return out
+
+
+def _rank_summary(m: Metrics) -> dict[str, Any]:
+    """How the ranks compared: the windows, the rank furthest above the median, the named stragglers."""
+    if not m.windows and not m.stragglers:
+        return {}
+    out: dict[str, Any] = {"stragglers": [{k: s.get(k) for k in ("rank", "host", "slowdown", "step", "windows", "run",
+                                                               "compute_ms", "median_ms")} for s in m.stragglers]}
+    if m.windows:
+        out["rank_windows"] = len(m.windows)
+        out["ranks_compared"] = max(len(w["compute_ms"]) for w in m.windows)
+        ratios: dict[int, list[float]] = {}
+        for window in m.windows:
+            median = window.get("median_ms")
+            for rank, value in enumerate(window["compute_ms"]):
+                if value is not None and median:
+                    ratios.setdefault(rank, []).append(value / median)
+        if ratios:
+            rank = max(ratios, key=lambda r: statistics.fmean(ratios[r]))
+            out["slowest_rank"] = {"rank": rank, "host": m.hosts.get(rank),
+                                   "slowdown": round(statistics.fmean(ratios[rank]) - 1, 4)}
     return out
 
 
@@ -165,9 +234,31 @@ def format_summary(s: dict[str, Any]) -> str:
         add("loss", f"{s['first_loss']:.4g} -> {s['final_loss']:.4g} (rank 0)")
     if "gpu_util_mean" in s:
         add("GPU", f"{s['gpu_util_mean']:.0f}% utilised on average, {s['gpu_mem_max_bytes'] / 2**30:.1f} GiB at most")
+    if "stragglers" in s:
+        for label, line in zip(["stragglers"] + [""] * len(s["stragglers"]), _straggler_lines(s)):
+            add(label, line)
     if s.get("unreadable_lines"):
         add("note", f"{s['unreadable_lines']} unreadable line(s) skipped")
+    if s.get("goodput"):  # where the allocation went and how each run ended (hpc_train.jobs.goodput)
+        lines.extend(goodput.format_lines(s["goodput"]))
     return "\n".join(lines)
+
+
+def _straggler_lines(s: dict[str, Any]) -> list[str]:
+    lines = []
+    for named in s["stragglers"]:
+        where = f" on {named['host']}" if named.get("host") else ""
+        compute = (f" (compute {named['compute_ms']:.1f} vs {named['median_ms']:.1f} ms/step)"
+                   if named.get("compute_ms") is not None and named.get("median_ms") is not None else "")
+        lines.append(f"rank {named['rank']}{where}: {named['slowdown'] * 100:.0f}% slower than the median{compute}, "
+                     f"named at step {named['step']} (run {named.get('run', '?')})")
+    if not lines:
+        details = [f"{s['rank_windows']} windows of {s['ranks_compared']} ranks compared"] if "rank_windows" in s else []
+        slowest = s.get("slowest_rank")
+        if slowest:
+            details.append(f"slowest rank {slowest['rank']}, {slowest['slowdown'] * 100:+.0f}% against the median")
+        lines.append("none named" + (f" ({'; '.join(details)})" if details else ""))
+    return lines
 
 
 # -- plots ---------------------------------------------------------------------------------------
@@ -185,10 +276,13 @@ def smooth(values: list[float], weight: float | None = None) -> list[float]:
 
 
 COLOURS = {"loss": "#1f77b4", "throughput": "#2ca02c", "comm": "#d62728", "gpu": "#9467bd"}
+# every rank its own line up to this many; past it a band (fastest to slowest) and the named ranks
+RANK_LINES_UP_TO = 16
 
 
 def plot(m: Metrics, out_dir: str | Path, title: str | None = None) -> list[Path]:
-    """Write loss.png, throughput.png and comm_share.png (and gpu.png with GPU data); return their paths."""
+    """Write loss.png, throughput.png and comm_share.png (gpu.png with GPU data, ranks.png with per-rank
+    windows); return their paths."""
     try:
         import matplotlib
     except ImportError:
@@ -215,6 +309,8 @@ def plot(m: Metrics, out_dir: str | Path, title: str | None = None) -> list[Path
     figures.append(("gpu", "GPU utilisation (rank 0, NVML)", "utilisation", util, {"percent": True}))
     written = [_figure(m, out / f"{name}.png", f"{heading} — {title}", ylabel, series, COLOURS[name.split("_")[0]], **style)
                for name, heading, ylabel, series, style in figures if series]
+    if m.windows:
+        written.append(_rank_figure(m, out / "ranks.png", f"Compute time per rank — {title}"))
     return written
 
 
@@ -283,3 +379,55 @@ def _mark_runs(ax: Any, m: Metrics, xs: list[int]) -> None:
             ax.axvspan(x, previous.end_step + 0.5, color="#ff7f0e", alpha=0.08,
                        label="steps redone from the checkpoint" if previous is m.runs[0] else None)
         ax.text(x, 0.98, f" run {run.run}", transform=top, color="#ff7f0e", fontsize=9, va="top", ha="left")
+
+
+def _rank_figure(m: Metrics, path: Path, heading: str) -> Path:
+    """Each rank's compute time per step (step time minus communication) over the windows, the median
+    dashed, the named stragglers in colour with a mark where they were named."""
+    import matplotlib.pyplot as plt
+
+    xs = [w["last_step"] for w in m.windows]
+    world = max(len(w["compute_ms"]) for w in m.windows)
+
+    def series(rank: int) -> list[float]:
+        values = [w["compute_ms"][rank] if rank < len(w["compute_ms"]) else None for w in m.windows]
+        return [math.nan if v is None else v for v in values]
+
+    fig, ax = plt.subplots(figsize=(9, 4.6), dpi=120, layout="constrained")
+    named = sorted({s["rank"] for s in m.stragglers if s.get("rank", world) < world})
+    if world <= RANK_LINES_UP_TO:
+        for rank in range(world):
+            if rank not in named:
+                ax.plot(xs, series(rank), color="#9e9e9e", alpha=0.6, linewidth=1.0,
+                        label="other ranks" if rank == min(set(range(world)) - set(named), default=-1) else None)
+    else:
+        low = [min((v for v in w["compute_ms"] if v is not None), default=math.nan) for w in m.windows]
+        high = [max((v for v in w["compute_ms"] if v is not None), default=math.nan) for w in m.windows]
+        ax.fill_between(xs, low, high, color="#9e9e9e", alpha=0.25, linewidth=0, label=f"all {world} ranks (fastest to slowest)")
+    ax.plot(xs, [w.get("median_ms", math.nan) for w in m.windows], color="#333333", linestyle="--", linewidth=1.4,
+            label="median")
+    hosts, marked = m.hosts, False
+    for i, rank in enumerate(named):
+        colour = STRAGGLER_COLOURS[i % len(STRAGGLER_COLOURS)]
+        host = f" on {hosts[rank]}" if rank in hosts else ""
+        ax.plot(xs, series(rank), color=colour, linewidth=2.2, label=f"rank {rank}{host} (straggler)")
+        for s in (s for s in m.stragglers if s["rank"] == rank and s.get("step") in xs):
+            ax.plot([s["step"]], [series(rank)[xs.index(s["step"])]], marker="o", color=colour, markersize=7,
+                    linestyle="none", label=None if marked else "named")
+            marked = True
+    ax.set_ylim(bottom=0)
+    _mark_runs(ax, m, xs)
+    ax.set_title(heading, fontsize=13, loc="left")
+    ax.set_xlabel("optimizer step (end of each window)")
+    ax.set_ylabel("compute ms / step (not in communication)")
+    ax.grid(True, color="#e5e5e5", linewidth=0.8)
+    ax.set_axisbelow(True)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.legend(loc="best", frameon=False, fontsize=9)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+STRAGGLER_COLOURS = ["#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2"]

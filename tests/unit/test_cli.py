@@ -158,3 +158,15 @@ def test_status_json_for_a_local_job_and_parsable(script, tmp_path):
             break
         time.sleep(0.2)
     assert state in ("CANCELLED", "FAILED")
+
+
+def test_diagnose_a_folder_says_what_it_lacks_and_an_unknown_job_is_an_error(tmp_path):
+    (tmp_path / "runs").write_text("2\n")
+    (tmp_path / "hangs.jsonl").write_text('{"run": 1, "quiet_s": 12.0, "culprits": [{"rank": 3, "host": "n2", '
+                                          '"steps": 7, "top": ["File \\"t.py\\", line 3 in f"], "reason": "r"}]}\n{"run')
+    out = cli("diagnose", str(tmp_path))
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert 'rank 3 on n2, last step 7, at File "t.py", line 3 in f (r)' in out.stdout
+    assert "hangs.jsonl: 1 unreadable line(s) skipped" in out.stdout and "no metrics/steps.jsonl" in out.stdout
+    missing = cli("diagnose", "4242")
+    assert missing.returncode != 0 and "no job '4242'" in missing.stderr and "Traceback" not in missing.stderr

@@ -86,3 +86,80 @@ def test_a_folder_without_metrics_is_a_clear_error(tmp_path):
                          text=True, cwd=REPO)
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert f"no metrics in {tmp_path}" in out.stderr and "--no-metrics" in out.stderr
+
+
+def write_ranks(folder, windows, named=(), run=1, hosts=("n1", "n1", "n2", "n2")):
+    """Per-rank windows as the straggler monitor writes them (appended to steps.jsonl) and its named ranks."""
+    lines = []
+    for i, (last, compute) in enumerate(windows):
+        known = sorted(compute)
+        line = {"event": "ranks", "run": run, "time": 2000.0 + last, "first_step": last - 9, "last_step": last,
+                "compute_ms": compute, "median_ms": (known[1] + known[2]) / 2}
+        if i == 0:
+            line["hosts"] = list(hosts)
+        lines.append(line)
+    with (folder / "metrics" / "steps.jsonl").open("a") as f:
+        f.write("".join(json.dumps(line) + "\n" for line in lines))
+    if named:
+        (folder / "metrics" / "stragglers.jsonl").write_text("".join(json.dumps(n) + "\n" for n in named) + '{"rank": 1, "ho')
+
+
+SLOW = {"rank": 3, "host": "n2", "slowdown": 0.8, "step": 30, "windows": 3, "run": 1, "compute_ms": 18.0, "median_ms": 10.0}
+
+
+def test_stragglers_are_summarised_and_the_ranks_charted(tmp_path):
+    write_metrics(tmp_path, [(1, 0, 50)])
+    write_ranks(tmp_path, [(step, [10.0, 10.2, 9.9, 18.0]) for step in (10, 20, 30, 40, 50)], named=[SLOW])
+    m = report.load(tmp_path)
+    assert [r["step"] for r in m.rows] == list(range(1, 51))  # the window lines are not steps
+    assert [w["last_step"] for w in m.windows] == [10, 20, 30, 40, 50] and m.hosts == {0: "n1", 1: "n1", 2: "n2", 3: "n2"}
+    s = report.summarize(m)
+    assert s["rank_windows"] == 5 and s["ranks_compared"] == 4
+    assert s["stragglers"] == [{k: SLOW[k] for k in ("rank", "host", "slowdown", "step", "windows", "run",
+                                                     "compute_ms", "median_ms")}]
+    assert s["slowest_rank"]["rank"] == 3 and s["slowest_rank"]["slowdown"] == pytest.approx(18 / 10.1 - 1, abs=1e-4)
+    text = report.format_summary(s)
+    assert ("  stragglers      rank 3 on n2: 80% slower than the median (compute 18.0 vs 10.0 ms/step), "
+            "named at step 30 (run 1)") in text
+    paths = report.plot(m, tmp_path / "out")
+    assert [p.name for p in paths] == ["loss.png", "throughput.png", "comm_share.png", "ranks.png"]
+    assert paths[-1].read_bytes().startswith(PNG) and paths[-1].stat().st_size > 10_000
+
+
+def test_a_balanced_run_reports_nobody_and_a_big_world_is_charted_as_a_band(tmp_path):
+    write_metrics(tmp_path, [(1, 0, 20)])
+    write_ranks(tmp_path, [(10, [10.0 + (r % 3) * 0.1 for r in range(64)]), (20, [10.0] * 64)], hosts=["n"] * 64)
+    s = report.summarize(report.load(tmp_path))
+    assert s["stragglers"] == [] and "none named (2 windows of 64 ranks compared; slowest rank " in report.format_summary(s)
+    assert report.plot(report.load(tmp_path), tmp_path / "out")[-1].name == "ranks.png"
+
+
+def test_windows_a_requeued_run_redid_are_taken_from_the_newest_run(tmp_path):
+    write_metrics(tmp_path, [(1, 0, 30), (2, 20, 50)])
+    write_ranks(tmp_path, [(10, [1.0] * 4), (20, [1.0] * 4), (30, [9.0] * 4)], run=1)
+    write_ranks(tmp_path, [(30, [2.0] * 4), (40, [2.0] * 4)], run=2)
+    m = report.load(tmp_path)
+    assert [(w["run"], w["last_step"]) for w in m.windows] == [(1, 10), (1, 20), (2, 30), (2, 40)]
+
+
+def test_no_per_rank_data_no_straggler_section(tmp_path):
+    s = report.summarize(report.load(write_metrics(tmp_path, [(1, 0, 10)])))
+    assert "stragglers" not in s and "stragglers" not in report.format_summary(s)
+
+
+def test_report_has_a_goodput_section_and_the_json_carries_it(tmp_path):
+    write_metrics(tmp_path, [(1, 0, 30), (2, 20, 50)])
+    (tmp_path / "last_run").write_text("2 0 ended\n")
+    out = subprocess.run([sys.executable, "-m", "hpc_train", "report", str(tmp_path), "--no-plots"],
+                         capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert "  goodput         " in out.stdout and "(estimated)" in out.stdout
+    assert "    recomputed steps    00:00:01" in out.stdout and "10 step(s) trained again after a restore" in out.stdout
+    assert "    2    ?      21-50  completed" in out.stdout  # no host in these lines, said as unknown
+    as_json = subprocess.run([sys.executable, "-m", "hpc_train", "report", str(tmp_path), "--no-plots", "--json"],
+                             capture_output=True, text=True, cwd=REPO)
+    g = json.loads(as_json.stdout)["goodput"]
+    assert g["steps_recomputed"] == 10 and [r["ended"] for r in g["runs"]] == ["unknown", "completed"]
+    quiet = subprocess.run([sys.executable, "-m", "hpc_train", "report", str(tmp_path), "--no-plots", "--no-goodput"],
+                           capture_output=True, text=True, cwd=REPO)
+    assert "goodput" not in quiet.stdout and "runs            2 (1 restart)" in quiet.stdout
