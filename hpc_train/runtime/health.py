@@ -109,12 +109,13 @@ def plan_exclusion(job_folder: Path, job_id: str | None) -> str | None:
     return ",".join(sorted(wanted))
 
 
-def step_nodes(job_folder: Path, environ: Mapping[str, str]) -> list[str] | None:
-    """The nodes of the allocation the next step runs on: the first N not suspect; None if too few are left."""
+def step_nodes(job_folder: Path, environ: Mapping[str, str], anyway: bool = False) -> list[str] | None:
+    """The nodes of the allocation the next step runs on: the first N not suspect; None if too few are
+    left, unless ``anyway`` (a run's first step: the allocation is what Slurm gave, suspects and all)."""
     needed = int(environ.get("HPC_TRAIN_NODES") or 1)
     try:
         out = subprocess.run(["scontrol", "show", "hostnames", environ.get("SLURM_JOB_NODELIST", "")],
-                             capture_output=True, text=True, timeout=30)
+                             capture_output=True, text=True, timeout=30, env={**os.environ, **environ})
     except (OSError, subprocess.TimeoutExpired):
         return None
     allocated = out.stdout.split()
@@ -122,7 +123,9 @@ def step_nodes(job_folder: Path, environ: Mapping[str, str]) -> list[str] | None
     healthy = [node for node in allocated if node not in avoid]
     if len(healthy) < needed:
         log(f"{len(healthy)} of the allocation's {len(allocated)} nodes are not suspect; the run needs {needed}")
-        return None
+        if not anyway or len(allocated) < needed:
+            return None
+        return (healthy + [node for node in allocated if node in avoid])[:needed]
     return healthy[:needed]
 
 
@@ -153,6 +156,7 @@ def after_failure(job_folder: Path, run: int, environ: Mapping[str, str]) -> Non
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpc_train.runtime.health")
     parser.add_argument("what", choices=["start", "failed", "nodes"])
+    parser.add_argument("--anyway", action="store_true", help="nodes: suspects too, when the healthy ones are too few")
     args = parser.parse_args(argv)
     if not os.environ.get("HPC_TRAIN_JOB_FOLDER"):
         log(f"health {args.what}: HPC_TRAIN_JOB_FOLDER is not set: not inside an hpc_train batch script")
@@ -160,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     job_folder, run = Path(os.environ["HPC_TRAIN_JOB_FOLDER"]), int(os.environ.get("HPC_TRAIN_RUN") or 1)
     try:
         if args.what == "nodes":  # prints the step's nodes; exit 1 when the healthy ones are too few
-            nodes = step_nodes(job_folder, os.environ)
+            nodes = step_nodes(job_folder, os.environ, anyway=args.anyway)
             if nodes is None:
                 return 1
             print(",".join(nodes))

@@ -61,3 +61,18 @@ def test_failed_writes_the_no_retry_file_and_names_the_crashed_node(tmp_path):
     [suspect] = [json.loads(line) for line in (tmp_path / "suspect_nodes.jsonl").read_text().splitlines()]
     assert (suspect["node"], suspect["run"], suspect["reason"]) == ("n2", 2, "failed first")
     assert "the ranks on n2 failed first" in out.stderr
+
+
+def test_the_next_step_runs_on_the_allocations_healthy_nodes(tmp_path):
+    from hpc_train.runtime.health import step_nodes
+
+    # Slurm's own expansion of the node list; scontrol needs a config to start, not a controller
+    (tmp_path / "slurm.conf").write_text("ClusterName=t\nSlurmctldHost=localhost\n")
+    env = {"SLURM_JOB_NODELIST": "n[1-3]", "HPC_TRAIN_NODES": "2", "SLURM_CONF": str(tmp_path / "slurm.conf")}
+    assert step_nodes(tmp_path, env) == ["n1", "n2"]
+    (tmp_path / "suspect_nodes.jsonl").write_text(json.dumps({"node": "n1", "run": 1, "reason": "hang"}) + "\n")
+    assert step_nodes(tmp_path, env) == ["n2", "n3"]
+    with open(tmp_path / "suspect_nodes.jsonl", "a") as out:
+        out.write(json.dumps({"node": "n3", "run": 2, "reason": "failed first"}) + "\n")
+    assert step_nodes(tmp_path, env) is None  # a restart inside the allocation is not possible now
+    assert step_nodes(tmp_path, env, anyway=True) == ["n2", "n1"]  # a run's start takes what Slurm gave
