@@ -7,9 +7,10 @@ import importlib
 import sys
 import warnings
 from collections.abc import Sequence
+from typing import NoReturn
 
 from hpc_train import __version__
-from hpc_train.errors import ConfigWarning, HpcTrainError
+from hpc_train.errors import EXIT_USAGE, ConfigWarning, HpcTrainError
 
 _python_showwarning = warnings.showwarning
 
@@ -22,10 +23,20 @@ COMMANDS = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage mistake is one line and where to read more: submit's usage block is 33 lines, and
+    the line that says what was wrong came last, under it."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message}", file=sys.stderr)
+        print(f"  see: {self.prog} --help", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole CLI; with ``command`` (a built-in one), only that subcommand: the other thirteen and
     the plugins' commands cost a login node tens of milliseconds to set up, for nothing."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(  # subcommands' parsers (plugins' too) are made of the same class
         prog="python -m hpc_train",
         description="Take a PyTorch training script to a Slurm cluster and keep it running there.",
     )
@@ -81,6 +92,13 @@ def add_plugin_commands(sub: argparse._SubParsersAction) -> None:
         owners[name] = owner
 
 
+def _command_parser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]
+    return parser
+
+
 def split_script_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """Everything after the first ``--`` belongs to the training script, untouched."""
     argv = list(argv)
@@ -93,7 +111,9 @@ def split_script_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 def main(argv: Sequence[str] | None = None) -> int:
     own, rest = split_script_args(sys.argv[1:] if argv is None else argv)
     parser = build_parser(own[0] if own and own[0] in COMMANDS else None)
-    args = parser.parse_args(own)
+    args, unknown = parser.parse_known_args(own)
+    if unknown:  # the subcommand's parser says it, so the hint names that command's --help
+        _command_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
     args.after_dashdash = rest
     if not getattr(args, "_run", None):
         parser.print_help()

@@ -1,7 +1,7 @@
 """``validate [--site NAME]``: check site files (all of them by default); every problem at once.
 
-``validate`` and ``render`` share one check (:func:`checked_plan`): a site ``validate`` passes renders,
-and a site it refuses does not. ``validate`` plans and renders a job with every default on the site
+``validate``, ``render``, ``submit`` and the Python API share one check (:func:`checked_plan`): a site
+``validate`` passes renders and submits, and a site it refuses does neither. ``validate`` plans and renders a job with every default on the site
 to find what only rendering finds (the template and what it uses).
 """
 
@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from hpc_train.errors import EXIT_CONFIG, ConfigError, HpcTrainError, Problem, TemplateError
+from hpc_train.errors import EXIT_CONFIG, HpcTrainError
 
 if TYPE_CHECKING:
     from hpc_train.config.job import JobSpec
@@ -27,54 +27,17 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def checked_plan(job: JobSpec, resolved: ResolvedSite, plugins: Plugins) -> JobPlan:
-    """The job's plan on this site, after everything about the site the plan does not look at itself
-    (every backend's options, the template), each problem with its file:line."""
-    from hpc_train.config.site_check import backend_problems
-    from hpc_train.submission.plan import build_plan
+    """The shared check (hpc_train.submission.prepare.checked_plan), imported when used: building
+    the parser must stay cheap."""
+    from hpc_train.submission.prepare import checked_plan as check
 
-    problems = backend_problems(resolved, plugins.backends)
-    if problems:
-        raise ConfigError(sorted(problems, key=Problem.sort_key))
-    plan = build_plan(job, resolved, plugins)
-    _load_template(plan, resolved, plugins)
-    return plan
+    return check(job, resolved, plugins)
 
 
 def render_checked(plan: JobPlan, plugins: Plugins) -> str:
-    """The script; a site template that fails while rendering is the site's error, not a traceback."""
-    import jinja2
-
     from hpc_train.submission.prepare import render_plan
 
-    try:
-        return render_plan(plan, plugins)
-    except HpcTrainError:
-        raise
-    except jinja2.TemplateError as exc:
-        raise TemplateError(Problem(plan.site.template, "", f"template error: {exc.message}")) from None
-    except Exception as exc:  # the template is the site's code: `{{ 1 + "a" }}` fails in there
-        raise TemplateError(Problem(plan.site.template, "", f"the template failed: {type(exc).__name__}: {exc}")) from None
-
-
-def _load_template(plan: JobPlan, resolved: ResolvedSite, plugins: Plugins) -> None:
-    import jinja2
-
-    from hpc_train.config.loader import display_path
-    from hpc_train.submission.renderer import environment, template_dirs_for
-
-    dirs = template_dirs_for(plan, plugins.template_dirs(plan.site))
-    source, line = resolved.provenance.get("template", (display_path(resolved.path), None))
-    try:
-        environment(dirs).get_template(plan.site.template)
-    except jinja2.TemplateNotFound as exc:
-        searched = ", ".join([*dirs, "the built-in templates"])
-        raise TemplateError(Problem(source, "template", f"template {exc.name!r} not found", line,
-                                    f"searched {searched}")) from None
-    except jinja2.TemplateSyntaxError as exc:
-        raise TemplateError(Problem(exc.filename or exc.name or plan.site.template, "",
-                                    f"template syntax error: {exc.message}", exc.lineno)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TemplateError(Problem(source, "template", f"cannot read template {plan.site.template!r}: {exc}", line)) from None
+    return render_plan(plan, plugins)
 
 
 def _probe(resolved: ResolvedSite) -> JobSpec:

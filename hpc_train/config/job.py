@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Annotated, Any, Literal
 
 from hpc_train.config.duration import optional_duration
 from hpc_train.config.fields import After, Before, Ge, Gt, Le, Model, setting
 from hpc_train.config.models import Env, MemSize, SbatchValue, SlurmTime, sbatch_problem
+from hpc_train.config.slurm_time import format_slurm_time
 from hpc_train.config.text import kind_of, unsafe_char
 from hpc_train.errors import UsageError
 from hpc_train.submission.layout import canonical as canonical_layout
@@ -23,6 +25,32 @@ def _parallel(value: str | dict[str, int] | None) -> str | None:
         return canonical_layout(value)
     except UsageError as exc:
         raise ValueError(str(exc).replace("\n  hint: ", "; ")) from None
+
+
+def _as_timedelta(seconds: int) -> str:
+    for unit, size in (("hours", 3600), ("minutes", 60)):
+        if seconds % size == 0:
+            return f"timedelta({unit}={seconds // size})"
+    return f"timedelta(seconds={seconds})"
+
+
+def _job_time(value: Any) -> Any:
+    # sbatch reads a bare number as minutes, Python code usually means seconds: time=3600 would ask for
+    # 2.5 days. A job says which (a Slurm string or a timedelta); a site file's minutes stay (SlurmTime).
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+        if seconds <= 0 or seconds != int(seconds):
+            raise ValueError(f"expected a positive whole number of seconds, got {value!r}")
+        return format_slurm_time(int(seconds))
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        example = int(value) if value >= 1 and value == int(value) else 3600
+        raise ValueError(f"time={value!r} is ambiguous (minutes or seconds?): give "
+                         f"{format_slurm_time(example)!r} or {_as_timedelta(example)}")
+    return value
+
+
+# a job's time limit: a Slurm string (the CLI's --time) or a timedelta, never a bare number
+JobTime = Annotated[SlurmTime, Before(_job_time)]
 
 
 def _after(value: Any) -> list[str]:
@@ -68,7 +96,7 @@ class JobSpec(Model):
     cpus_per_task: Annotated[int, Ge(1)] | None = None
     mem: Annotated[MemSize, After(_single_line)] = setting(None, "memory per node, as sbatch --mem takes it")
     partition: Line = None
-    time: SlurmTime = setting(None, "time limit, Slurm format (12:00:00, 2-00:00:00)")
+    time: JobTime = setting(None, "time limit: Slurm format (12:00:00, 2-00:00:00) or a timedelta")
     job_name: Line = None
     account: Line = None
     qos: Line = None

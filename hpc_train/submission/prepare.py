@@ -14,7 +14,7 @@ from hpc_train.config.errors import problems_from_validation
 from hpc_train.config.job import JobSpec
 from hpc_train.config.loader import ResolvedSite, SiteRegistry, default_search_dirs
 from hpc_train.config.validate import ValidationError, validate
-from hpc_train.errors import ConfigError, ConfigWarning, Problem
+from hpc_train.errors import ConfigError, ConfigWarning, HpcTrainError, Problem, TemplateError
 from hpc_train.plugin.manager import Plugins, default_plugins
 from hpc_train.submission.plan import JobPlan, build_plan
 
@@ -62,21 +62,67 @@ def warn_about(plan: JobPlan) -> None:
         warnings.warn(str(problem), ConfigWarning, stacklevel=3)
 
 
+def checked_plan(job: JobSpec, resolved: ResolvedSite, plugins: Plugins, **plan_options: Any) -> JobPlan:
+    """The job's plan on this site, after everything about the site the plan does not look at itself
+    (every backend's options, the template), each problem with its file:line. The one check that
+    ``validate``, ``render``, ``submit`` and the Python API share, so what one refuses none accepts."""
+    from hpc_train.config.site_check import backend_problems
+
+    problems = backend_problems(resolved, plugins.backends)
+    if problems:
+        raise ConfigError(sorted(problems, key=Problem.sort_key))
+    plan = build_plan(job, resolved, plugins, **plan_options)
+    _load_template(plan, resolved, plugins)
+    return plan
+
+
+def _load_template(plan: JobPlan, resolved: ResolvedSite, plugins: Plugins) -> None:
+    import jinja2
+
+    from hpc_train.config.loader import display_path
+    from hpc_train.submission.renderer import environment, template_dirs_for
+
+    dirs = template_dirs_for(plan, plugins.template_dirs(plan.site))
+    source, line = resolved.provenance.get("template", (display_path(resolved.path), None))
+    try:
+        environment(dirs).get_template(plan.site.template)
+    except jinja2.TemplateNotFound as exc:
+        searched = ", ".join([*dirs, "the built-in templates"])
+        raise TemplateError(Problem(source, "template", f"template {exc.name!r} not found", line,
+                                    f"searched {searched}")) from None
+    except jinja2.TemplateSyntaxError as exc:
+        raise TemplateError(Problem(exc.filename or exc.name or plan.site.template, "",
+                                    f"template syntax error: {exc.message}", exc.lineno)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TemplateError(Problem(source, "template", f"cannot read template {plan.site.template!r}: {exc}", line)) from None
+
+
 def plan_job(
     job: JobSpec,
     plugins: Plugins | None = None,
     kind: Literal["script", "function"] = "script",
     function_name: str | None = None,
 ) -> JobPlan:
+    """Find the site, check the script, plan: the steps ``render`` takes, in its order."""
     plugins = plugins or default_plugins()
     resolved = resolve_site(job.site, plugins)
     if kind == "script":
         check_script(job)
-    return build_plan(job, resolved, plugins, kind=kind, function_name=function_name)
+    return checked_plan(job, resolved, plugins, kind=kind, function_name=function_name)
 
 
 def render_plan(plan: JobPlan, plugins: Plugins | None = None) -> str:
+    """The script; a site template that fails while rendering is the site's error, not a traceback."""
+    import jinja2
+
     from hpc_train.submission.renderer import render as render_template
 
     plugins = plugins or default_plugins()
-    return render_template(plan, plugins.template_dirs(plan.site))
+    try:
+        return render_template(plan, plugins.template_dirs(plan.site))
+    except HpcTrainError:
+        raise
+    except jinja2.TemplateError as exc:
+        raise TemplateError(Problem(plan.site.template, "", f"template error: {exc.message}")) from None
+    except Exception as exc:  # the template is the site's code: `{{ 1 + "a" }}` fails in there
+        raise TemplateError(Problem(plan.site.template, "", f"the template failed: {type(exc).__name__}: {exc}")) from None

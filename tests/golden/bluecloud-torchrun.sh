@@ -35,11 +35,14 @@ export HPC_TRAIN_STOP_SIGNAL=USR2  # hpc_train
 export HPC_TRAIN_STRAGGLER_THRESHOLD=0.2  # hpc_train
 export NCCL_IB_GID_INDEX=3  # nccl profile ib-hdr
 export NCCL_IB_HCA=mlx5  # nccl profile ib-hdr
+export NCCL_IB_RETRY_CNT=7  # nccl profile ib-hdr
 export NCCL_IB_TIMEOUT=22  # nccl profile ib-hdr
 export NCCL_NET_GDR_LEVEL=PHB  # nccl profile ib-hdr
 export NCCL_SOCKET_IFNAME=ib0  # nccl profile ib-hdr
 export PYTHONUNBUFFERED=1  # site
-export TORCH_NCCL_ASYNC_ERROR_HANDLING=1  # site
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=1  # nccl profile ib-hdr (from safe)
+export TORCH_NCCL_ENABLE_MONITORING=1  # nccl profile ib-hdr (from safe)
+export TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC=600  # nccl profile ib-hdr (from safe)
 
 # rendezvous: the first node of the allocation hosts the store; the port varies per job
 export HPC_TRAIN_JOB_FOLDER=/home/alice/hpc_train/jobs/"${SLURM_JOB_ID}"

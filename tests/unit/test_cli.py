@@ -93,6 +93,44 @@ def test_validate_reports_bad_backend_options(tmp_path):
     assert "backends.horovodd: no such backend" in out.stderr
 
 
+
+def test_submit_refuses_what_render_refuses_before_calling_sbatch(script, tmp_path):
+    # passes planning, fails the site check: without the shared check, submit would go on to sbatch
+    # (absent from PATH here: "sbatch not found", exit 69) instead of naming the site's mistake
+    import os
+
+    import hpc_train
+    from hpc_train.errors import ConfigError
+
+    site = write(tmp_path / "s.yaml", "extends: generic-slurm\nbackends:\n  torchrun:\n    max_restart: 1\n")
+    env = {**os.environ, "PATH": str(tmp_path / "empty-bin")}
+    render = cli("render", "--site", str(site), str(script), env=env)
+    submit = cli("submit", "--site", str(site), str(script), env=env)
+    assert render.returncode == 78 and "backends.torchrun.max_restart: unknown key" in render.stderr
+    assert (submit.returncode, submit.stderr) == (render.returncode, render.stderr)
+    assert submit.stdout == ""
+    with pytest.raises(ConfigError) as info:
+        hpc_train.submit(str(script), site=str(site))
+    assert f"error: {info.value.message}" in render.stderr  # the Python API: the same message
+
+
+
+@pytest.mark.parametrize("args, error, command", [
+    (["submit", "--nodes", "x", "X"], "error: argument --nodes/-N: invalid int value: 'x'", "submit"),
+    (["submit"], "error: the following arguments are required: script", "submit"),
+    (["render", "--site"], "error: argument --site: expected one argument", "render"),
+    (["validate", "--bad"], "error: unrecognized arguments: --bad", "validate"),
+    (["bogus"], "error: argument COMMAND: invalid choice: 'bogus'", None),
+])
+def test_usage_error_is_the_error_line_and_where_to_read_more(script, args, error, command):
+    out = cli(*[str(script) if a == "X" else a for a in args])
+    assert out.returncode == 2
+    lines = out.stderr.splitlines()
+    assert len(lines) == 2, out.stderr  # not the usage block
+    assert lines[0].startswith(error), out.stderr
+    assert lines[1] == "  see: python -m hpc_train" + (f" {command}" if command else "") + " --help"
+
+
 LOGIN_SIDE = """
 import sys, runpy
 sys.argv = ["hpc_train"] + {args!r}

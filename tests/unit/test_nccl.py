@@ -152,3 +152,30 @@ def test_shipped_sites_have_clean_profiles():
     assert resolved["NCCL_NVLS_ENABLE"] == "1" and resolved["NCCL_IB_HCA"] == "mlx5"
     assert resolved["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"  # from safe, two levels up
     assert {v.name: v.value for v in nccl.resolve(profiles, "pcie-consumer")}["NCCL_P2P_DISABLE"] == "1"
+
+
+BUILTIN_SITES = ("local", "sandbox", "generic-slurm", "bluecloud")
+
+
+@pytest.mark.parametrize("site_name", BUILTIN_SITES)
+def test_every_shipped_profile_includes_the_safe_settings(site_name):
+    # docs/fabric.md promises fail-fast settings on every profile: a profile that forgets `extends`
+    # leaves a job with a dead rank hanging until its time limit
+    profiles = load_site(site_name).config.nccl_profiles
+    safe = {v.name: v.value for v in nccl.resolve(load_site("generic-slurm").config.nccl_profiles, "safe")}
+    assert {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ENABLE_MONITORING", "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"} <= set(safe)
+    for name in profiles:
+        if name == nccl.DEBUG:  # an overlay, laid over a profile that has them
+            continue
+        resolved = {v.name: v.value for v in nccl.resolve(profiles, name)}
+        assert safe.items() <= resolved.items(), f"{site_name}: profile {name!r} lacks the safe settings"
+        if "NCCL_IB_HCA" in resolved:  # InfiniBand or RoCE: retries outlast a switch reroute
+            assert "NCCL_IB_RETRY_CNT" in resolved, f"{site_name}: profile {name!r} has no NCCL_IB_RETRY_CNT"
+
+
+def test_bluecloud_jobs_get_the_safe_settings(plugins):
+    for partition in ("a100", "h100", "rtx4090"):
+        job = make_job(site="bluecloud", script="train.py", partition=partition, workdir="/tmp", python="/usr/bin/python3")
+        env = {var.name: var.value for var in build_plan(job, load_site("bluecloud"), plugins).env}
+        assert env["TORCH_NCCL_ENABLE_MONITORING"] == "1", partition
+        assert env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] == "600", partition

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from hpc_train.api import make_job
@@ -173,3 +175,34 @@ def test_hang_watchdog_and_health_settings_reach_the_job(plugins):
                 plan(plugins, site="local")):
         assert not off.watchdog and "hpc_train.runtime.watchdog" not in render(off, ())
         assert "HPC_TRAIN_HANG_TIMEOUT" not in {e.name for e in off.env}
+
+
+@pytest.mark.parametrize("value, directive", [
+    ("12:00:00", "12:00:00"),
+    ("90", "01:30:00"),  # the CLI's --time 90: sbatch's minutes, as before
+    (timedelta(hours=1), "01:00:00"),
+    (timedelta(days=2, minutes=30), "2-00:30:00"),
+])
+def test_time_takes_slurm_strings_and_timedeltas(plugins, value, directive):
+    assert ("time", directive) in plan(plugins, nodes=1, time=value).directives
+
+
+@pytest.mark.parametrize("value, fragment", [
+    (3600, "time=3600 is ambiguous (minutes or seconds?): give '01:00:00' or timedelta(hours=1)"),
+    (90, "give '00:01:30' or timedelta(seconds=90)"),
+    (2.5, "time=2.5 is ambiguous"),
+    (timedelta(0), "expected a positive whole number of seconds"),
+])
+def test_time_refuses_a_bare_number(value, fragment):
+    with pytest.raises(ConfigError) as info:
+        make_job(script="train.py", time=value)
+    assert fragment in str(info.value)
+
+
+def test_python_submit_refuses_a_bare_number_before_submitting(tmp_path, monkeypatch):
+    import hpc_train
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+    with pytest.raises(ConfigError, match="time=3600 is ambiguous"):
+        hpc_train.submit("train.py", site="sandbox", nodes=1, time=3600)
