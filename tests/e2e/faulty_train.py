@@ -4,6 +4,8 @@
                              (the GIL free, like a rank stuck in I/O), or with ``:stop`` sends itself
                              SIGSTOP (nothing in the process runs, not even its heartbeat thread)
     --crash-at STEP          in every run, rank 1 raises at STEP (a crash loop)
+    --crash-after N          in every run, rank 1 raises N steps after where the run began (each run
+                             gets further: a job that fails again and again, yet makes progress)
     --sick-node FILE         in run 1 rank 1 writes its host to FILE and fails at start, the way a bad
                              GPU fails; in every later run, any rank on that host fails the same way
 Rank 0 writes the final parameters to <job folder>/final.pt and every run's hosts to <job folder>/hosts-R.
@@ -37,6 +39,7 @@ def main() -> None:
     parser.add_argument("--hang", default="")
     parser.add_argument("--sick-node", default="")
     parser.add_argument("--crash-at", type=int, default=-1)
+    parser.add_argument("--crash-after", type=int, default=-1)
     args = parser.parse_args()
     out = os.environ.get("HPC_TRAIN_JOB_FOLDER", ".")
     run = int(os.environ.get("HPC_TRAIN_RUN") or 1)
@@ -56,6 +59,7 @@ def main() -> None:
     loader = ctx.loader(TensorDataset(x, y), batch_size=16)
     ckpt = ctx.checkpointer()
     step = ckpt.restore()
+    crash_at = step + args.crash_after if args.crash_after >= 0 else args.crash_at
     ctx.print(f"run {run}: starting at step {step} of {args.steps}")
     for xb, yb in ctx.batches(loader, start=step, total=args.steps):
         if run == 1 and ctx.rank == int(hang_rank) and step == int(hang_step):
@@ -63,7 +67,7 @@ def main() -> None:
             if how == "stop":
                 os.kill(os.getpid(), signal.SIGSTOP)
             time.sleep(10**6)
-        if ctx.rank == 1 and step == args.crash_at:
+        if ctx.rank == 1 and step == crash_at:
             raise RuntimeError(f"injected crash at step {step}")
         loss = torch.nn.functional.mse_loss(model(xb), yb)
         ctx.backward(loss)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hpc_train.jobs.handle import RELEASE_MARGIN_S, held_after_requeue
-from tests.conftest import REPO, write
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.e2e
 SCRIPT = REPO / "examples" / "train_resumable.py"
@@ -143,15 +143,19 @@ def test_a_preemption_changes_nothing(slurm_cluster, sandbox_job_root, backend):
     assert_identical(final_params(sandbox_job_root, reference), final_params(sandbox_job_root, job))
 
 
-def test_restart_budget_stops_a_job_that_always_fails(slurm_cluster, sandbox_job_root, tmp_path):
-    crash = write(tmp_path / "crash.py", "import sys\nprint('crashing', flush=True)\nsys.exit(7)\n")
+def test_restart_budget_stops_a_job_that_always_fails(slurm_cluster, sandbox_job_root):
+    # each run gets 12 steps further than the last before rank 1 crashes: progress, so only the budget
+    # stops it (a job that fails where it began is ended sooner, by the no-progress rule: test_failures_cluster)
+    crash = REPO / "tests" / "e2e" / "faulty_train.py"
     out = hpc("submit", "--site", "sandbox", "--job-root", str(sandbox_job_root), "--on-failure", "requeue",
-              "--max-restarts", "2", "--wait", str(crash), timeout=400)
+              "--max-restarts", "2", "--checkpoint-every", "5", "--nodes", "2", "--procs-per-node", "1", "--wait",
+              str(crash), "--", "--steps", "200", "--crash-after", "12", timeout=400)
     assert out.returncode != 0
     job = out.stdout.split()[2]
     text = log_text(sandbox_job_root, job)
-    assert text.count("crashing") == 3  # the first run and two restarts
-    assert "restart budget exhausted (2 restarts)" in text
+    ranks = "".join(p.read_text() for p in (sandbox_job_root / job).glob(f"{job}_*_log.err"))
+    assert [f"injected crash at step {s}" in ranks for s in (12, 22, 32)] == [True] * 3, ranks[-3000:]
+    assert "restart budget exhausted (2 restarts)" in text and "not requeueing" not in text, text[-3000:]
     assert int((sandbox_job_root / job / "runs").read_text()) == 3
     assert "FAILED" in out.stderr
 

@@ -45,6 +45,11 @@ export PYTHONUNBUFFERED=1  # site
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1  # nccl profile ib-hdr (from safe)
 export TORCH_NCCL_ENABLE_MONITORING=1  # nccl profile ib-hdr (from safe)
 export TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC=600  # nccl profile ib-hdr (from safe)
+# every Python of the job, plain scripts too, lets torch's communication threads finish before it
+# exits (hpc_train/runtime/boot): found where the job's python has hpc_train, without importing it
+if hpc_train_pkg=$(/opt/venv/bin/python -c 'import importlib.util as u; print(u.find_spec("hpc_train").submodule_search_locations[0])' 2>/dev/null); then
+    export PYTHONPATH="${hpc_train_pkg}/runtime/boot${PYTHONPATH:+:${PYTHONPATH}}"
+fi
 
 # rendezvous: the first node of the allocation hosts the store; the port varies per job
 export HPC_TRAIN_JOB_FOLDER=/home/alice/hpc_train/jobs/"${SLURM_JOB_ID}"

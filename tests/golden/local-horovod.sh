@@ -16,6 +16,11 @@ export OMPI_ALLOW_RUN_AS_ROOT=1  # backend horovod
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # backend horovod
 export OMP_NUM_THREADS=1  # backend horovod
 export PYTHONUNBUFFERED=1  # site
+# every Python of the job, plain scripts too, lets torch's communication threads finish before it
+# exits (hpc_train/runtime/boot): found where the job's python has hpc_train, without importing it
+if hpc_train_pkg=$(/opt/venv/bin/python -c 'import importlib.util as u; print(u.find_spec("hpc_train").submodule_search_locations[0])' 2>/dev/null); then
+    export PYTHONPATH="${hpc_train_pkg}/runtime/boot${PYTHONPATH:+:${PYTHONPATH}}"
+fi
 
 # rendezvous: the first node of the allocation hosts the store; the port varies per job
 if [ -z "${HPC_TRAIN_JOB_FOLDER:-}" ]; then HPC_TRAIN_JOB_FOLDER=/home/alice/hpc_train/jobs/local; fi

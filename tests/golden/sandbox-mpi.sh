@@ -28,6 +28,11 @@ export HPC_TRAIN_STRAGGLER_THRESHOLD=0.2  # hpc_train
 export OMP_NUM_THREADS=4  # backend mpi
 export PYTHONUNBUFFERED=1  # site
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1  # site
+# every Python of the job, plain scripts too, lets torch's communication threads finish before it
+# exits (hpc_train/runtime/boot): found where the job's python has hpc_train, without importing it
+if hpc_train_pkg=$(/opt/venv/bin/python -c 'import importlib.util as u; print(u.find_spec("hpc_train").submodule_search_locations[0])' 2>/dev/null); then
+    export PYTHONPATH="${hpc_train_pkg}/runtime/boot${PYTHONPATH:+:${PYTHONPATH}}"
+fi
 
 # rendezvous: the first node of the allocation hosts the store; the port varies per job
 export HPC_TRAIN_JOB_FOLDER=/tmp/hpc_train-sandbox/jobs/"${SLURM_JOB_ID}"

@@ -37,6 +37,11 @@ export NCCL_SOCKET_IFNAME=ib0  # nccl profile ib-hdr
 export PYTHONUNBUFFERED=1  # site
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1  # site
 export UCX_NET_DEVICES=mlx5_0:1  # plugins
+# every Python of the job, plain scripts too, lets torch's communication threads finish before it
+# exits (hpc_train/runtime/boot): found where the job's python has hpc_train, without importing it
+if hpc_train_pkg=$(/opt/venv/bin/python -c 'import importlib.util as u; print(u.find_spec("hpc_train").submodule_search_locations[0])' 2>/dev/null); then
+    export PYTHONPATH="${hpc_train_pkg}/runtime/boot${PYTHONPATH:+:${PYTHONPATH}}"
+fi
 
 # rendezvous: the first node of the allocation hosts the store; the port varies per job
 export HPC_TRAIN_JOB_FOLDER=/shared/user/hpc_train/jobs/"${SLURM_JOB_ID}"

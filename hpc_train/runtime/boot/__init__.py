@@ -1,0 +1,6 @@
+"""A folder the batch script puts first on PYTHONPATH: its ``sitecustomize`` runs in every Python of
+the job, plain scripts too (see sitecustomize.py). Nothing else lives here, so nothing else is shadowed."""
+
+from pathlib import Path
+
+FOLDER = str(Path(__file__).resolve().parent)

@@ -1,0 +1,47 @@
+"""Run by Python at start-up in every process of an hpc_train job (the batch script puts this folder
+first on PYTHONPATH), including scripts that never import hpc_train.
+
+torch 2.13's gloo worker threads free a finished collective's work a moment after the caller has its
+result; freeing takes the GIL; once the interpreter is finalizing, a thread taking the GIL is ended
+inside a C++ destructor: std::terminate, SIGABRT, a finished run reported FAILED. ``ctx.shutdown()``
+drains them for scripts that use hpc_train.runtime (runtime/base.py); this does the same for plain
+torchrun/mpirun scripts: at exit, if torch.distributed was used, it lets go of the GIL for a moment
+while the interpreter is still intact. Registered first, so it runs after the script's own atexit
+handlers. Then the next sitecustomize on the path, if any, runs as it would have without us.
+"""
+
+import atexit
+import importlib
+import os
+import sys
+import time
+
+DRAIN_S = 0.2  # as hpc_train.runtime.base.WORKER_DRAIN_S (measured there: 0/30 aborts, was 3-7/20)
+
+
+def _drain() -> None:
+    if "torch.distributed" in sys.modules:
+        time.sleep(DRAIN_S)
+
+
+def _chain() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    saved = sys.path[:]
+    sys.path[:] = [p for p in saved if os.path.abspath(p or os.curdir) != here]
+    ours = sys.modules.pop("sitecustomize", None)
+    try:
+        importlib.import_module("sitecustomize")
+    except ImportError as exc:
+        if exc.name != "sitecustomize":  # the next one exists and failed: say so, as site.py would
+            print(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(exc).__name__}: {exc}",
+                  file=sys.stderr)
+    except Exception as exc:
+        print(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(exc).__name__}: {exc}", file=sys.stderr)
+    finally:
+        sys.path[:] = saved
+        if "sitecustomize" not in sys.modules and ours is not None:
+            sys.modules["sitecustomize"] = ours
+
+
+atexit.register(_drain)
+_chain()
