@@ -7,6 +7,7 @@ later process can find the job by id alone.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -289,7 +290,7 @@ class JobHandle:
             if getattr(job, "_process", None) is not None:
                 job.cancel()
             elif _pid_alive(int(self.job_id)):
-                os.kill(int(self.job_id), signal.SIGINT)
+                _interrupt(int(self.job_id))
             return
         cmd = ["scancel", self.job_id]
         out = self._slurm(*cmd)
@@ -305,6 +306,19 @@ class JobHandle:
         if self.record.kind != "function":
             raise UsageError(f"job {self.job_id} runs a script; it has logs and an exit status, not a result")
         return list(self.submitit_job.results())
+
+
+def _interrupt(pid: int, grace_s: float = 2.0) -> None:
+    """SIGINT, as submitit's own cancel sends; then SIGTERM, which submitit's local controller forwards
+    too: a job started from a shell without job control (``nohup ... &``, CI) inherits SIGINT ignored."""
+    os.kill(pid, signal.SIGINT)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not _pid_alive(pid):
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
 
 
 def _pid_alive(pid: int) -> bool:

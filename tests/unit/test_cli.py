@@ -198,6 +198,26 @@ def test_status_json_for_a_local_job_and_parsable(script, tmp_path):
     assert state in ("CANCELLED", "FAILED")
 
 
+def test_cancel_ends_a_local_job_started_where_sigint_is_ignored(tmp_path):
+    # what `nohup python -m hpc_train submit ... &` (or CI's shell) gives the job: SIGINT ignored
+    import signal
+    import time
+
+    sleeper = write(tmp_path / "sleep.py", "import time; time.sleep(60)\n")
+    out = subprocess.run([sys.executable, "-m", "hpc_train", "submit", "--site", "local", "--job-root",
+                          str(tmp_path / "jobs"), "--parsable", str(sleeper)], capture_output=True, text=True,
+                         cwd=REPO, timeout=120, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert out.returncode == 0, out.stderr
+    job_id = out.stdout.strip()
+    assert cli("cancel", job_id).returncode == 0
+    for _ in range(100):
+        state = json.loads(cli("status", job_id, "--json").stdout)["state"]
+        if state != "RUNNING":
+            break
+        time.sleep(0.2)
+    assert state in ("CANCELLED", "FAILED")
+
+
 def test_diagnose_a_folder_says_what_it_lacks_and_an_unknown_job_is_an_error(tmp_path):
     (tmp_path / "runs").write_text("2\n")
     (tmp_path / "hangs.jsonl").write_text('{"run": 1, "quiet_s": 12.0, "culprits": [{"rank": 3, "host": "n2", '
