@@ -178,6 +178,18 @@ def test_python_api_render_matches_cli(script):
     assert text == out.stdout
 
 
+def state_after_cancel(job_id: str) -> str:
+    """The local job's state once it stopped RUNNING (or still RUNNING after ~20 s of polls)."""
+    import time
+
+    for _ in range(100):
+        state = json.loads(cli("status", job_id, "--json").stdout)["state"]
+        if state != "RUNNING":
+            break
+        time.sleep(0.2)
+    return state
+
+
 def test_status_json_for_a_local_job_and_parsable(script, tmp_path):
     sleeper = write(tmp_path / "sleep.py", "import time; time.sleep(60)\n")
     out = cli("submit", "--site", "local", "--backend", "torchrun", "--job-root", str(tmp_path / "jobs"),
@@ -188,20 +200,12 @@ def test_status_json_for_a_local_job_and_parsable(script, tmp_path):
     status = json.loads(cli("status", job_id, "--json").stdout)
     assert status["state"] == "RUNNING" and status["site"] == "local"
     assert cli("cancel", job_id).returncode == 0
-    import time
-
-    for _ in range(100):
-        state = json.loads(cli("status", job_id, "--json").stdout)["state"]
-        if state != "RUNNING":
-            break
-        time.sleep(0.2)
-    assert state in ("CANCELLED", "FAILED")
+    assert state_after_cancel(job_id) in ("CANCELLED", "FAILED")
 
 
 def test_cancel_ends_a_local_job_started_where_sigint_is_ignored(tmp_path):
     # what `nohup python -m hpc_train submit ... &` (or CI's shell) gives the job: SIGINT ignored
     import signal
-    import time
 
     sleeper = write(tmp_path / "sleep.py", "import time; time.sleep(60)\n")
     out = subprocess.run([sys.executable, "-m", "hpc_train", "submit", "--site", "local", "--job-root",
@@ -210,12 +214,7 @@ def test_cancel_ends_a_local_job_started_where_sigint_is_ignored(tmp_path):
     assert out.returncode == 0, out.stderr
     job_id = out.stdout.strip()
     assert cli("cancel", job_id).returncode == 0
-    for _ in range(100):
-        state = json.loads(cli("status", job_id, "--json").stdout)["state"]
-        if state != "RUNNING":
-            break
-        time.sleep(0.2)
-    assert state in ("CANCELLED", "FAILED")
+    assert state_after_cancel(job_id) in ("CANCELLED", "FAILED")
 
 
 def test_diagnose_a_folder_says_what_it_lacks_and_an_unknown_job_is_an_error(tmp_path):
