@@ -28,6 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from hpc_train import scontrol  # noqa: E402
 from hpc_train.jobs.handle import RELEASE_MARGIN_S, held_after_requeue  # noqa: E402
 
 SCRIPT = REPO / "tests" / "e2e" / "faulty_train.py"
@@ -50,8 +51,7 @@ def state(job: str) -> str:
 def wait(job: str, timeout: float = 600) -> None:
     deadline, held_since = time.time() + timeout, None
     while time.time() < deadline and state(job) not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
-        info = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True).stdout
-        fields = dict(w.split("=", 1) for w in info.split() if "=" in w)
+        fields = scontrol.show("job", job)
         held_since = (held_since or time.time()) if held_after_requeue(fields) else None
         if held_since and time.time() - held_since >= RELEASE_MARGIN_S:
             subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)

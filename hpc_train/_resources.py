@@ -11,6 +11,8 @@ import importlib.util
 import os
 from pathlib import Path
 
+from hpc_train import contract
+
 
 @functools.cache
 def builtin_dir(name: str) -> Path:
@@ -31,7 +33,7 @@ def cache_dir(kind: str) -> Path | None:
     is off (``HPC_TRAIN_NO_CACHE=1``) or the folder cannot be made. Caches only ever save time."""
     import os
 
-    if os.environ.get("HPC_TRAIN_NO_CACHE", "") not in ("", "0"):
+    if os.environ.get(contract.ENV_NO_CACHE, "") not in ("", "0"):
         return None
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     folder = Path(base) / "hpc_train" / kind

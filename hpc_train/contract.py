@@ -26,13 +26,80 @@ SUSPECT_NODES = "suspect_nodes.jsonl"  # nodes a hang or crash points at, and wh
 EXCLUDE_NODES = "exclude_nodes"  # the ExcNodeList the failure path sets after it requeues (comma-separated)
 RUN_START_STEP = "run_start_step"  # "RUN STEP": the newest committed checkpoint when the run began
 STRAGGLERS = "stragglers.jsonl"  # one line per rank named slower than the others (hpc_train.runtime.straggler)
+NODE_CHECKS = "node_checks.jsonl"  # one line per node and run: its check at start-up (hpc_train.runtime.node_check)
 
-# Variables the plan exports and the job reads (their values are set on the login side).
-ENV_HANG_TIMEOUT = "HPC_TRAIN_HANG_TIMEOUT"  # seconds without a step before a hang; "0" turns detection off
-ENV_STRAGGLER_THRESHOLD = "HPC_TRAIN_STRAGGLER_THRESHOLD"  # fraction slower than the median: 0.2 = 20 %
+# The variables between the two sides: the plan (hpc_train.submission.plan) exports some, the batch
+# script (templates/sbatch/base.sh.j2) sets others as the job runs; the runtime reads them.
+
+# the job's identity and folders
+ENV_JOB_FOLDER = "HPC_TRAIN_JOB_FOLDER"  # the job's folder (job_root/JOBID, a sweep's task folder): the script sets it
+ENV_RUN = "HPC_TRAIN_RUN"  # this run's number, 1 + the restarts before it: the script counts it in RUNS
+ENV_BACKEND = "HPC_TRAIN_BACKEND"  # the backend's name: the plan exports it, rt.init() picks its runtime by it
+ENV_NODES = "HPC_TRAIN_NODES"  # nodes a run uses (spares not counted): plan; the watchdog and health read it
+ENV_PROCS_PER_NODE = "HPC_TRAIN_PROCS_PER_NODE"  # processes per node: plan; the watchdog's world size
+ENV_STEP_NODES = "HPC_TRAIN_STEP_NODES"  # with spare nodes: the run's nodes (health nodes), srun's --nodelist
+ENV_PARALLEL = "HPC_TRAIN_PARALLEL"  # the --parallel layout (dp=2,tp=2): plan; hpc_train.runtime.parallel
+ENV_LAUNCHER = "HPC_TRAIN_LAUNCHER"  # who started the ranks (torchrun, srun, ...): set beside RANK & co. (runtime.environment)
+ENV_LAUNCH_ADDED_ARGS = "HPC_TRAIN_LAUNCH_ADDED_ARGS"  # JSON: the arguments the launch put first (runtime.argv)
+
+# stopping and requeueing
+ENV_STOP_FILE = "HPC_TRAIN_STOP_FILE"  # STOP_REQUESTED's path: the script touches it on the warning signal
+ENV_REQUEUED_FILE = "HPC_TRAIN_REQUEUED_FILE"  # REQUEUE_REQUESTED's path: rank 0 or the script, once requeued
+ENV_NO_RETRY_FILE = "HPC_TRAIN_NO_RETRY_FILE"  # NO_RETRY's path: rank 0 and health write why not to retry
+ENV_MAX_RESTARTS = "HPC_TRAIN_MAX_RESTARTS"  # the restart budget: the script exports it; checkpoints read it
+ENV_DEADLINE = "HPC_TRAIN_DEADLINE"  # epoch seconds to stop by (limit - grace): the script; the stop watcher
+ENV_STOP_SIGNAL = "HPC_TRAIN_STOP_SIGNAL"  # the site's warning signal (USR2): plan; the ranks trap it too
+
+# checkpoints
+ENV_CHECKPOINT_DIR = "HPC_TRAIN_CHECKPOINT_DIR"  # the job folder's CHECKPOINTS: the script sets it
+ENV_CHECKPOINT_EVERY = "HPC_TRAIN_CHECKPOINT_EVERY"  # save every N steps ("0": only when asked to stop): plan
+ENV_KEEP_CHECKPOINTS = "HPC_TRAIN_KEEP_CHECKPOINTS"  # committed checkpoints kept: plan
+ENV_ASYNC_CHECKPOINT = "HPC_TRAIN_ASYNC_CHECKPOINT"  # "1": write checkpoints in the background: plan
+ENV_RESTART_FROM_SCRATCH = "HPC_TRAIN_RESTART_FROM_SCRATCH"  # "1": set old checkpoints aside, start at step 0: plan
+
+# metrics
+ENV_METRICS = "HPC_TRAIN_METRICS"  # "0" turns per-step metrics off (submit --no-metrics): plan
+ENV_METRICS_DIR = "HPC_TRAIN_METRICS_DIR"  # where metrics go instead of the job folder's METRICS: the user
+ENV_METRICS_FLUSH_S = "HPC_TRAIN_METRICS_FLUSH_S"  # seconds between metric file flushes: the user or site env
+ENV_PROMETHEUS_DIR = "HPC_TRAIN_PROMETHEUS_DIR"  # a node-exporter textfile folder: the site's env
+ENV_STRAGGLER_THRESHOLD = "HPC_TRAIN_STRAGGLER_THRESHOLD"  # fraction slower than the median: 0.2 = 20 %: plan
 ENV_STRAGGLER_WINDOW = "HPC_TRAIN_STRAGGLER_WINDOW"  # steps per comparison window
-ENV_HEARTBEATS = "HPC_TRAIN_HEARTBEATS"  # set when a watchdog runs: the folder the ranks beat into
-ENV_EXCLUDE_SUSPECTS = "HPC_TRAIN_EXCLUDE_SUSPECTS"  # "1": a requeue after a hang or crash avoids its node
+
+# the watchdog
+ENV_HANG_TIMEOUT = "HPC_TRAIN_HANG_TIMEOUT"  # seconds without a step before a hang; "0" turns detection off: plan
+ENV_HEARTBEATS = "HPC_TRAIN_HEARTBEATS"  # set when a watchdog runs: the folder the ranks beat into (the script)
+ENV_EXCLUDE_SUSPECTS = "HPC_TRAIN_EXCLUDE_SUSPECTS"  # "1": a requeue after a hang or crash avoids its node: plan
+
+# sweeps: each task's overrides, set by the array's case lines (hpc_train.sweeps.arrays)
+ENV_SWEEP_PREFIX = "HPC_TRAIN_SWEEP_"  # + an override's name in upper case: HPC_TRAIN_SWEEP_LR
+ENV_SWEEP_OVERRIDES = "HPC_TRAIN_SWEEP_OVERRIDES"  # JSON: all of the task's overrides
+ENV_SWEEP_TASK = "HPC_TRAIN_SWEEP_TASK"  # the task's number in the sweep (its folder's name)
+ENV_SWEEP_FOLDER = "HPC_TRAIN_SWEEP_FOLDER"  # the sweep's folder, the tasks' folders inside
+
+# the user's shell, login side only
+ENV_STATE_DIR = "HPC_TRAIN_STATE_DIR"  # where job records are indexed (default: the XDG state folder)
+ENV_SITE_PATH = "HPC_TRAIN_SITE_PATH"  # folders searched first for site files (os.pathsep-separated)
+ENV_NO_CACHE = "HPC_TRAIN_NO_CACHE"  # "1": build site configs and resources again, cache nothing
+ENV_DISABLE_PLUGINS = "HPC_TRAIN_DISABLE_PLUGINS"  # plugin entry points to switch off, comma-separated
+ENV_UPDATE_GOLDEN = "HPC_TRAIN_UPDATE_GOLDEN"  # "1": hpc_train.testing rewrites golden files instead of comparing
+
+# job options: the plan exports each from its JobSpec field (``setting(env=...)``); hpc_train.runtime.options
+# reads them back in the job, where they win over the script's rt.init(...) defaults
+ENV_PRECISION = "HPC_TRAIN_PRECISION"  # --precision: fp32, bf16 or fp16
+ENV_GRAD_CLIP = "HPC_TRAIN_GRAD_CLIP"  # --grad-clip: the gradient norm to clip to (a float)
+ENV_GRAD_ACCUM = "HPC_TRAIN_GRAD_ACCUM"  # --grad-accum: micro-batches per optimizer step
+ENV_COMM_HOOK = "HPC_TRAIN_COMM_HOOK"  # --comm-hook: DDP gradient compression (none, fp16, bf16, powersgd)
+ENV_ACTIVATION_CHECKPOINTING = "HPC_TRAIN_ACTIVATION_CHECKPOINTING"  # "1": recompute activations in backward
+ENV_EXACT_RESUME = "HPC_TRAIN_EXACT_RESUME"  # "0"/"1": fixed DDP gradient buckets (bit-identical resumes)
+ENV_BACKEND_OPTIONS = "HPC_TRAIN_BACKEND_OPTIONS"  # JSON: the backend's options, site defaults under the job's
+ENV_SITE = "HPC_TRAIN_SITE"  # the site's name, as the plan resolved it
+ENV_JOB_ROOT = "HPC_TRAIN_JOB_ROOT"  # the folder the job folders are made in (--job-root, the site's job_root)
+
+
+def storage_dir_env(key: str) -> str:
+    """The variable of a site ``storage`` folder, which the plan exports: scratch → HPC_TRAIN_SCRATCH_DIR."""
+    return f"HPC_TRAIN_{key.upper()}_DIR"
+
 
 #: the names as the template sees them: ``{{ files.RUNS }}``
 FILES = SimpleNamespace(**{name: value for name, value in globals().items()

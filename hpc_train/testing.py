@@ -36,13 +36,14 @@ from typing import Any
 
 import pytest
 
+from hpc_train import contract
 from hpc_train.errors import ConfigError
 from hpc_train.plugin.manager import Plugins, get_plugin_manager
 from hpc_train.submission.plan import JobPlan, build_plan
 from hpc_train.submission.prepare import make_job, render_plan, resolve_site
 
 BUILTIN_DISTRIBUTION = "hpc_train"
-UPDATE_GOLDEN = "HPC_TRAIN_UPDATE_GOLDEN"
+UPDATE_GOLDEN = contract.ENV_UPDATE_GOLDEN
 HOME = "/home/user"
 WORKDIR = f"{HOME}/project"
 PYTHON = "/opt/venv/bin/python"
@@ -100,11 +101,11 @@ def hpc_train_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     base = tmp_path_factory.mktemp("hpc_train_user")
     monkeypatch.setenv("XDG_CONFIG_HOME", str(base / "config"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(base / "cache"))
-    monkeypatch.setenv("HPC_TRAIN_STATE_DIR", str(base / "state"))
+    monkeypatch.setenv(contract.ENV_STATE_DIR, str(base / "state"))
     monkeypatch.setenv("HOME", HOME)
     monkeypatch.setenv("USER", "user")
-    monkeypatch.delenv("HPC_TRAIN_SITE_PATH", raising=False)
-    monkeypatch.delenv("HPC_TRAIN_DISABLE_PLUGINS", raising=False)
+    monkeypatch.delenv(contract.ENV_SITE_PATH, raising=False)
+    monkeypatch.delenv(contract.ENV_DISABLE_PLUGINS, raising=False)
     yield base
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpc_train import contract
 from hpc_train._resources import builtin_dir
 from hpc_train.config import site_cache
 from hpc_train.config.errors import problems_from_validation
@@ -63,9 +64,9 @@ def user_site_dir() -> Path:
 
 def default_search_dirs(plugin_dirs: Iterable[tuple[Path, str]] = ()) -> list[tuple[Path, str]]:
     dirs: list[tuple[Path, str]] = []
-    for entry in os.environ.get("HPC_TRAIN_SITE_PATH", "").split(os.pathsep):
+    for entry in os.environ.get(contract.ENV_SITE_PATH, "").split(os.pathsep):
         if entry:
-            dirs.append((Path(entry).expanduser(), "$HPC_TRAIN_SITE_PATH"))
+            dirs.append((Path(entry).expanduser(), f"${contract.ENV_SITE_PATH}"))
     dirs.append((user_site_dir(), "user"))
     dirs.extend(plugin_dirs)
     dirs.append((builtin_dir("site_configs"), "builtin"))

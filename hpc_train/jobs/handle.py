@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from hpc_train import contract
+from hpc_train import contract, scontrol
 from hpc_train.errors import SchedulerError, UsageError
 from hpc_train.jobs.poll import JobPoller, runs_started
 from hpc_train.jobs.states import (
@@ -32,7 +32,7 @@ from hpc_train.submission import slurm_cmd
 __all__ = ["ACTIVE_STATES", "FINAL_OK", "PENDING_STATES", "RELEASE_MARGIN_S", "JobHandle", "JobRecord", "held_after_requeue"]
 
 def state_dir() -> Path:
-    base = os.environ.get("HPC_TRAIN_STATE_DIR")
+    base = os.environ.get(contract.ENV_STATE_DIR)
     if base:
         return Path(base)
     return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "hpc_train"
@@ -160,10 +160,7 @@ class JobHandle:
     def _controller_info(self) -> dict[str, str]:
         """``scontrol show job``'s fields, or {} once the controller no longer knows the job."""
         out = self._slurm("scontrol", "show", "job", "-o", self.job_id, timeout=20)
-        if out.returncode != 0:
-            return {}
-        first = out.stdout.splitlines()[0] if out.stdout else ""
-        return dict(word.split("=", 1) for word in first.split() if "=" in word)
+        return scontrol.first(out.stdout) if out.returncode == 0 else {}
 
     def _local_state(self) -> str:
         job = self.submitit_job

@@ -16,8 +16,10 @@ from __future__ import annotations
 import json
 from collections.abc import MutableMapping
 
+from hpc_train import contract
+
 #: ``{"pid": N, "args": [...]}``: what the launch put in front of the script's arguments, and for which process
-ENV_VAR = "HPC_TRAIN_LAUNCH_ADDED_ARGS"
+ENV_VAR = contract.ENV_LAUNCH_ADDED_ARGS
 
 
 def mark(added: list[str], pid: int) -> dict[str, str]:

@@ -244,15 +244,15 @@ class Checkpointer:
                  restart_from_scratch: bool | None = None) -> None:
         env = os.environ
         self.ctx = ctx
-        self.folder = Path(folder or env.get("HPC_TRAIN_CHECKPOINT_DIR") or contract.CHECKPOINTS)
-        self.every = every if every is not None else int(env.get("HPC_TRAIN_CHECKPOINT_EVERY") or 0)
-        self.keep = max(1, keep if keep is not None else int(env.get("HPC_TRAIN_KEEP_CHECKPOINTS") or 2))
-        self.async_save = async_save if async_save is not None else env.get("HPC_TRAIN_ASYNC_CHECKPOINT") == "1"
+        self.folder = Path(folder or env.get(contract.ENV_CHECKPOINT_DIR) or contract.CHECKPOINTS)
+        self.every = every if every is not None else int(env.get(contract.ENV_CHECKPOINT_EVERY) or 0)
+        self.keep = max(1, keep if keep is not None else int(env.get(contract.ENV_KEEP_CHECKPOINTS) or 2))
+        self.async_save = async_save if async_save is not None else env.get(contract.ENV_ASYNC_CHECKPOINT) == "1"
         self.restart_from_scratch = (restart_from_scratch if restart_from_scratch is not None
-                                     else env.get("HPC_TRAIN_RESTART_FROM_SCRATCH") == "1")
-        self.run = int(env.get("HPC_TRAIN_RUN") or 1)
-        self.max_restarts = int(env["HPC_TRAIN_MAX_RESTARTS"]) if env.get("HPC_TRAIN_MAX_RESTARTS") else None
-        self.no_retry_file = env.get("HPC_TRAIN_NO_RETRY_FILE") or None
+                                     else env.get(contract.ENV_RESTART_FROM_SCRATCH) == "1")
+        self.run = int(env.get(contract.ENV_RUN) or 1)
+        self.max_restarts = int(env[contract.ENV_MAX_RESTARTS]) if env.get(contract.ENV_MAX_RESTARTS) else None
+        self.no_retry_file = env.get(contract.ENV_NO_RETRY_FILE) or None
         self.tracked: dict[str, Any] = {}
         self.watcher = StopWatcher().start()
         self.last_saved: int | None = None
@@ -373,7 +373,7 @@ class Checkpointer:
             return 0
         message = (f"no checkpoint in {self.folder} loads ({listing}); not starting over from step 0 on "
                    "its own: repair or remove them, or resubmit with --restart-from-scratch "
-                   "(HPC_TRAIN_RESTART_FROM_SCRATCH=1) to set them aside and train from step 0")
+                   f"({contract.ENV_RESTART_FROM_SCRATCH}=1) to set them aside and train from step 0")
         if self.ctx.is_main:
             log(message)
             self._no_retry(message)
@@ -595,7 +595,7 @@ class Checkpointer:
                 done, message = requeue()
                 log(message)
                 code = 0 if done else EXIT_STOPPED
-                marker = os.environ.get("HPC_TRAIN_REQUEUED_FILE")
+                marker = os.environ.get(contract.ENV_REQUEUED_FILE)
                 if done and marker:  # the batch script then waits for Slurm instead of ending the job
                     Path(marker).touch()
         code = self.ctx.runtime.gather_object(code)[0]  # rank 0 decided for everyone

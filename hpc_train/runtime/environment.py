@@ -12,6 +12,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from hpc_train import contract
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -35,7 +37,7 @@ class DistEnv:
             "GROUP_RANK": str(self.node_rank),
             "MASTER_ADDR": self.master_addr,
             "MASTER_PORT": str(self.master_port),
-            "HPC_TRAIN_LAUNCHER": self.launcher,  # who really started us, once RANK & co. are set
+            contract.ENV_LAUNCHER: self.launcher,  # who really started us, once RANK & co. are set
         }
 
 
@@ -78,7 +80,7 @@ def detect(environ: Mapping[str, str] | None = None) -> DistEnv:
         rank = _int(env, "RANK")
         return DistEnv(rank, _int(env, "LOCAL_RANK", default=0), world, local_world,
                        _int(env, "GROUP_RANK", default=rank // max(1, local_world)),
-                       max(1, world // max(1, local_world)), addr, port, env.get("HPC_TRAIN_LAUNCHER", "torchrun"))
+                       max(1, world // max(1, local_world)), addr, port, env.get(contract.ENV_LAUNCHER, "torchrun"))
     if "OMPI_COMM_WORLD_RANK" in env:  # mpirun (or srun --mpi=pmix once MPI has started)
         rank = _int(env, "OMPI_COMM_WORLD_RANK")
         world = _int(env, "OMPI_COMM_WORLD_SIZE")

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from hpc_train.runtime.base import BackendRuntime
     from hpc_train.runtime.checkpoint import Checkpointer
 
-SWITCH = "HPC_TRAIN_METRICS"
+SWITCH = contract.ENV_METRICS
 JSONL = contract.STEPS
 PROM = "hpc_train.prom"
 TB_DIR = "tensorboard"
@@ -67,10 +67,10 @@ def enabled(default: bool = True, environ: dict[str, str] | None = None) -> bool
 
 def metrics_dir(environ: dict[str, str] | None = None) -> Path | None:
     env = os.environ if environ is None else environ
-    if env.get("HPC_TRAIN_METRICS_DIR"):
-        return Path(env["HPC_TRAIN_METRICS_DIR"])
-    if env.get("HPC_TRAIN_JOB_FOLDER"):
-        return Path(env["HPC_TRAIN_JOB_FOLDER"]) / contract.METRICS
+    if env.get(contract.ENV_METRICS_DIR):
+        return Path(env[contract.ENV_METRICS_DIR])
+    if env.get(contract.ENV_JOB_FOLDER):
+        return Path(env[contract.ENV_JOB_FOLDER]) / contract.METRICS
     return None  # outside a job: measure, write nothing
 
 
@@ -149,9 +149,9 @@ class MetricsRecorder:
         self.folder = folder
         self.rank, self.world_size, self.backend = rank, world_size, backend
         self.writes = folder is not None and rank == 0
-        self.run = run if run is not None else int(env.get("HPC_TRAIN_RUN") or 1)
+        self.run = run if run is not None else int(env.get(contract.ENV_RUN) or 1)
         self.job_id = job_id if job_id is not None else env.get("SLURM_JOB_ID") or env.get("SUBMITIT_LOCAL_JOB_ID")
-        self.flush_s = flush_s if flush_s is not None else float(env.get("HPC_TRAIN_METRICS_FLUSH_S") or FLUSH_S)
+        self.flush_s = flush_s if flush_s is not None else float(env.get(contract.ENV_METRICS_FLUSH_S) or FLUSH_S)
         self.device_type = device_type
         self.clock: Any = _CudaClock() if device_type == "cuda" else _CpuClock()
         self.step = 0  # optimizer steps, continuing from a restored checkpoint
@@ -465,7 +465,7 @@ class MetricsRecorder:
                 gauges[name].labels(**key).set(value)
         assert self.folder is not None
         write(str(self.folder / PROM), registry)
-        textfile_dir = os.environ.get("HPC_TRAIN_PROMETHEUS_DIR")  # a site's node-exporter textfile collector
+        textfile_dir = os.environ.get(contract.ENV_PROMETHEUS_DIR)  # a site's node-exporter textfile collector
         if textfile_dir and self.job_id:
             write(str(Path(textfile_dir) / f"hpc_train_job_{self.job_id}.prom"), registry)
 
@@ -501,7 +501,7 @@ class MetricsRecorder:
                 self._jsonl.close()
             if self._tb:
                 self._tb.close()
-            textfile_dir = os.environ.get("HPC_TRAIN_PROMETHEUS_DIR")
+            textfile_dir = os.environ.get(contract.ENV_PROMETHEUS_DIR)
             if textfile_dir and self.job_id:  # a finished job must not look alive in Grafana
                 Path(textfile_dir, f"hpc_train_job_{self.job_id}.prom").unlink(missing_ok=True)
         except Exception as exc:

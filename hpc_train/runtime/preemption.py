@@ -15,17 +15,19 @@ import threading
 import time
 from collections.abc import Mapping
 
+from hpc_train import contract, scontrol
+
 STOP_SIGNALS = ("SIGUSR2", "SIGTERM")
 
 
 class StopWatcher:
     def __init__(self, environ: Mapping[str, str] | None = None, poll_s: float = 1.0) -> None:
         env = os.environ if environ is None else environ
-        self.stop_file = env.get("HPC_TRAIN_STOP_FILE") or None
-        deadline = env.get("HPC_TRAIN_DEADLINE")
+        self.stop_file = env.get(contract.ENV_STOP_FILE) or None
+        deadline = env.get(contract.ENV_DEADLINE)
         self.deadline = float(deadline) if deadline else None
         # the site's warning signal (--signal), which an admin's `scancel --signal` sends to every rank
-        job_signal = "SIG" + (env.get("HPC_TRAIN_STOP_SIGNAL") or "USR2").upper().removeprefix("SIG")
+        job_signal = "SIG" + (env.get(contract.ENV_STOP_SIGNAL) or "USR2").upper().removeprefix("SIG")
         self.job_signal = (job_signal,) if isinstance(getattr(signal, job_signal, None), signal.Signals) else ()
         self.reason: str | None = None
         self._event = threading.Event()
@@ -87,7 +89,7 @@ def requeue(job_id: str | None = None, environ: Mapping[str, str] | None = None)
     job_id = job_id or env.get("SLURM_JOB_ID")  # an array task's own id works for requeue too
     if not job_id:
         return False, "not running under Slurm: resubmit the job to continue"
-    info = _controller_info(job_id)
+    info = scontrol.show("job", job_id)  # {} when the controller cannot be asked
     # SLURM_RESTART_COUNT is not kept reliably for array tasks: compare restarts only for plain jobs
     ours = None if env.get("SLURM_ARRAY_TASK_ID") else int(env.get("SLURM_RESTART_COUNT") or 0)
     newer = ours is not None and (info.get("Restarts") or "0").isdigit() and int(info.get("Restarts") or 0) > ours
@@ -103,16 +105,6 @@ def requeue(job_id: str | None = None, environ: Mapping[str, str] | None = None)
             return True, f"job {job_id} was requeued by the scheduler meanwhile: {out.stderr.strip()}"
         return False, f"scontrol requeue {job_id} failed: {out.stderr.strip()}"
     return True, f"requeued job {job_id}"
-
-
-def _controller_info(job_id: str) -> dict[str, str]:
-    """``scontrol show job``'s fields; {} when the controller cannot be asked."""
-    try:
-        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    first = out.stdout.splitlines()[0] if out.returncode == 0 and out.stdout else ""
-    return dict(word.split("=", 1) for word in first.split() if "=" in word)
 
 
 def log(message: str) -> None:

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hpc_train import contract
+
 FABRIC_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "GLOO_", "FI_", "UCX_")
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             "sizes": rows, "pairs": [unique[k] for k in sorted(unique)],
             "ranks": everyone,  # each rank's host and fabric environment: proof the profile arrived
         }
-        out = Path(args.out or Path(os.environ.get("HPC_TRAIN_JOB_FOLDER", ".")) / "preflight.json")
+        out = Path(args.out or Path(os.environ.get(contract.ENV_JOB_FOLDER, ".")) / "preflight.json")
         tmp = out.with_suffix(".tmp")
         tmp.write_text(json.dumps(result, indent=1))
         tmp.replace(out)

@@ -22,6 +22,7 @@ from typing import Any
 import submitit
 from submitit.core.utils import FailedJobError, FailedSubmissionError
 
+from hpc_train import contract
 from hpc_train.errors import SchedulerError, UsageError
 from hpc_train.jobs.handle import JobHandle, JobRecord
 from hpc_train.submission.plan import JobPlan
@@ -52,7 +53,7 @@ class LocalScript:
         script = folder / f"{env.job_id}_submission.sh"
         script.write_text(self.text)
         sys.stdout.flush()
-        environ = {**os.environ, "HPC_TRAIN_JOB_FOLDER": str(folder)}
+        environ = {**os.environ, contract.ENV_JOB_FOLDER: str(folder)}
         # The script gets its own process group so a cancel or timeout reaches torchrun and its
         # workers too; submitit's local controller only signals this Python process.
         process = subprocess.Popen(["bash", str(script)], env=environ, start_new_session=True)

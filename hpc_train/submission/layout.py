@@ -11,11 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hpc_train import contract
 from hpc_train.errors import UsageError, did_you_mean
 
 AXES = ("pp", "dp", "tp")  # mesh order, outermost first
 AXIS_NAMES = {"dp": "data parallel", "tp": "tensor parallel", "pp": "pipeline parallel"}
-ENV_VAR = "HPC_TRAIN_PARALLEL"
+ENV_VAR = contract.ENV_PARALLEL
 
 
 @dataclass(frozen=True)

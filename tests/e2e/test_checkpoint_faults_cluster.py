@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from hpc_train import scontrol
 from tests.conftest import write
 from tests.e2e.test_requeue_cluster import (
     SCRIPT,
@@ -52,9 +53,7 @@ def submit(site: Path, job_root: Path, *extra: str, script: Path = SCRIPT, steps
 
 
 def controller_state(job: str) -> str:
-    out = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, timeout=30).stdout
-    fields = dict(w.split("=", 1) for w in out.split() if "=" in w)
-    return fields.get("JobState", "")
+    return scontrol.show("job", job).get("JobState", "")
 
 
 def finish(job: str, timeout: float = 400) -> str:
