@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 from hpc_train.errors import ConfigError, HpcTrainError, SchedulerError, UsageError
 from hpc_train.plugin.backend import (
     Backend,
+    CliOption,
     LaunchInfo,
     Raw,
     Word,
@@ -49,6 +50,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Backend",
+    "CliOption",
     "ConfigError",
     "HpcTrainError",
     "JobHandle",

@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 from hpc_train import (
     Backend,
+    CliOption,
     LaunchInfo,
     Raw,
     Word,
@@ -344,6 +345,8 @@ class DeepSpeed(Backend):
     name = "deepspeed"
     parallel_axes = ("dp", "pp")  # the runtime builds a device mesh over these (--parallel)
     requires = ("torch", "deepspeed")
+    cli_options = (CliOption("--deepspeed-config", "config", "your ds_config; the job's settings are merged over it",
+                             "JSON"),)
     summary = "DeepSpeed (ZeRO) without ssh: srun one task per process; ds_config from the job"
     Options = DeepSpeedOptions
     runtime = "hpc_train_plugins.deepspeed_runtime:DeepSpeedRuntime"

@@ -7,6 +7,7 @@ import json
 import os
 from typing import Any
 
+from hpc_train.contract import ENV_PARALLEL
 from hpc_train.runtime.base import BackendRuntime
 
 
@@ -26,11 +27,11 @@ class DeepSpeedRuntime(BackendRuntime):
 
     def ds_config(self) -> dict[str, Any]:
         """The config the job wrote; built from the runtime options when run outside hpc_train's launch."""
-        raw = os.environ.get("HPC_TRAIN_DEEPSPEED_CONFIG_JSON")
+        from hpc_train_plugins.deepspeed import CONFIG_ENV, DeepSpeedOptions, build_ds_config
+
+        raw = os.environ.get(CONFIG_ENV)
         if raw:
             return json.loads(raw)
-        from hpc_train_plugins.deepspeed import DeepSpeedOptions, build_ds_config
-
         from hpc_train.config.validate import validate
 
         options = validate(DeepSpeedOptions, self.options.backend_options)
@@ -97,10 +98,12 @@ class DeepSpeedPipeline:
     def __init__(self, runtime: DeepSpeedRuntime, layers: Any, loss_fn: Any, microbatches: int) -> None:
         from deepspeed.pipe import PipelineModule
 
+        if runtime.parallel is None:
+            raise RuntimeError(f"no parallel layout: submit with --parallel (it sets {ENV_PARALLEL}), e.g. --parallel dp=2,pp=2")
         self.runtime = runtime
         self.microbatches = microbatches
         runtime.pipeline_microbatches = microbatches
-        stages = runtime.parallel.pp_size  # type: ignore[attr-defined]
+        stages = runtime.parallel.pp_size
         self.module = PipelineModule(layers=list(layers), num_stages=stages, loss_fn=loss_fn, partition_method="uniform")
 
     def step(self, inputs: Any, targets: Any) -> Any:

@@ -1,90 +1,112 @@
-"""Job options shared by ``render`` and ``submit``; they map one-to-one onto JobSpec fields."""
+"""Job options shared by ``render`` and ``submit``, made from their declarations.
+
+Each JobSpec field with a ``group`` (hpc_train.config.fields.Flag) is a flag whose type, choices and
+action follow its annotation, and :func:`job_options` reads it back under the field's name. What is
+not one flag for one field stays here: the script, ``--nccl-debug`` and the KEY=VALUE readers of the
+mapping fields. Each backend's own flags (``Backend.cli_options``) get a heading of their own.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import re
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from hpc_train.config.fields import Flag, Kind, default_of, field_kinds
+from hpc_train.config.job import GROUPS, JobSpec
 from hpc_train.errors import UsageError
 
+BACKEND_GROUP = "backend options"
 
-def add_job_options(parser: argparse.ArgumentParser) -> None:
+
+@dataclasses.dataclass(frozen=True)
+class _BackendFlag:
+    flag: str  # "--deepspeed-config"
+    backend: str  # the backend it belongs to
+    option: str  # the key of backend_options it sets
+    dest: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Declared:
+    """What add_job_options made, for job_options to read back (a parser default: ``args._job_options``)."""
+
+    spec: type  # JobSpec, or a model extending it
+    fields: tuple[tuple[str, Flag, Kind], ...]
+    backend_flags: tuple[_BackendFlag, ...]
+
+
+def _cli_fields(spec: type) -> tuple[tuple[str, Flag, Kind], ...]:
+    kinds = field_kinds(spec)
+    return tuple((f.name, f.metadata["cli"], kinds[f.name]) for f in dataclasses.fields(spec) if "cli" in f.metadata)
+
+
+def _flag_name(name: str, flag: Flag) -> str:
+    return flag.flag or "--" + name.replace("_", "-")
+
+
+def add_job_options(parser: argparse.ArgumentParser, backends: Mapping[str, Any] | None = None,
+                    spec: type = JobSpec) -> None:
+    """The job's flags: the script, a flag per field of ``spec`` with a ``group``, the backends' own flags
+    (``backends``: name -> Backend class; None: the registered backends)."""
     parser.add_argument("script", help="training script (its arguments go after --)")
     parser.add_argument("script_args", nargs="*", help=argparse.SUPPRESS)
-    g = parser.add_argument_group("where and how")
-    g.add_argument("--site", help="site name or path to a site YAML file (default: detected, else 'local')")
-    g.add_argument("--backend", default="torchrun", help="distributed backend (default: torchrun)")
-    g.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE", help="backend option (repeatable)")
-    g.add_argument("--deepspeed-config", metavar="JSON", help="your ds_config (deepspeed backend); the job's settings are merged over it")
-    g.add_argument("--nccl-profile", help="NCCL/fabric profile from the site file (PROFILE+OVERLAY stacks them)")
-    g.add_argument("--nccl-debug", action="store_true", help="add the site's debug overlay (NCCL_DEBUG=INFO, flight recorder, ...)")
-    g.add_argument("--env", "-e", action="append", default=[], metavar="NAME=VALUE", help="environment variable (repeatable)")
-    g.add_argument("--python", help="python on the compute nodes (default: this interpreter)")
-    g.add_argument("--container", action=argparse.BooleanOptionalAction, default=None,
-                   help="run every task in the site's container image (--no-container: never)")
-    g.add_argument("--container-image", help="run every task in this image (site's container runtime)")
-    g.add_argument("--workdir", help="working directory of the job (default: here)")
-    g.add_argument("--job-root", help="folder for job folders (default: the site's job_root)")
-    t = parser.add_argument_group("training (read by hpc_train.runtime inside the job)")
-    t.add_argument("--precision", choices=["fp32", "bf16", "fp16"], help="mixed precision (fp16 adds loss scaling)")
-    t.add_argument("--grad-clip", type=float, metavar="NORM", help="clip the gradient norm")
-    t.add_argument("--grad-accum", type=int, metavar="N", help="micro-batches per optimizer step")
-    t.add_argument("--comm-hook", choices=["none", "fp16", "bf16", "powersgd"], help="DDP gradient compression")
-    t.add_argument("--activation-checkpointing", action="store_true", default=None,
-                   help="recompute activations in backward (less memory)")
-    t.add_argument("--metrics", action=argparse.BooleanOptionalAction, default=None,
-                   help="record step time, throughput, loss, communication (default on; see `report`)")
-    t.add_argument("--parallel", metavar="dp=N,tp=N,pp=N",
-                   help="data/tensor/pipeline parallel layout; dp x tp x pp = nodes x processes per node")
-    _add_checkpoint_options(parser.add_argument_group("preemption, time limits and checkpoints"))
-    _add_resource_options(parser.add_argument_group("resources"))
-    d = parser.add_argument_group("dependencies")
-    d.add_argument("--after", action="append", default=[], metavar="JOB",
-                   help="start after this job or sweep (repeatable; ids may be comma-separated)")
-    d.add_argument("--after-type", choices=["afterok", "afterany", "afternotok", "after", "aftercorr"],
-                   help="how the --after jobs must end (default afterok: succeeded; afterany: ended at all)")
+    fields = _cli_fields(spec)
+    titles = [GROUPS[0], BACKEND_GROUP, *GROUPS[1:]]  # a backend's flags next to --backend and --option
+    titles += [t for t in dict.fromkeys(flag.group for _, flag, _ in fields) if t not in titles]
+    backend_flags: tuple[_BackendFlag, ...] = ()
+    for title in titles:  # added heading by heading: the usage line lists flags in the order they were added
+        group = parser.add_argument_group(title)
+        if title == BACKEND_GROUP:
+            backend_flags = _add_backend_flags(group, _registered_backends() if backends is None else backends)
+        for name, flag, kind in fields:
+            if flag.group != title:
+                continue
+            _add_field(group, name, flag, kind)
+            if name == "nccl_profile":
+                group.add_argument("--nccl-debug", action="store_true",
+                                   help="add the site's debug overlay (NCCL_DEBUG=INFO, flight recorder, ...)")
+    parser.set_defaults(_job_options=_Declared(spec, fields, backend_flags))
 
 
-def _add_checkpoint_options(c: argparse._ArgumentGroup) -> None:
-    c.add_argument("--requeue", action=argparse.BooleanOptionalAction, default=None,
-                   help="save and requeue before the time limit or on the warning signal (default: the site's)")
-    c.add_argument("--max-restarts", type=int, metavar="N", help="requeues allowed before the job stops for good")
-    c.add_argument("--signal-grace", type=int, metavar="SECONDS", help="warning this long before the time limit")
-    c.add_argument("--on-failure", choices=["fail", "requeue"], help="a crashed run: fail, or requeue within the budget")
-    c.add_argument("--hang-timeout", metavar="DURATION",
-                   help="no step for this long is a hang: stacks dumped, the rank named, the run restarted "
-                        "(300, 5m, off; default: learned from the run's step time)")
-    c.add_argument("--spare-nodes", type=int, metavar="K",
-                   help="allocate K more nodes; a run that fails for a node (a hang, a crash there) restarts on "
-                        "the others inside the allocation, without a requeue or a queue wait")
-    c.add_argument("--straggler-threshold", type=float, metavar="FRACTION",
-                   help="name a rank slower than the median by more than this (default 0.2 = 20 %%; 0: off)")
-    c.add_argument("--checkpoint-every", type=int, metavar="N", help="save every N steps")
-    c.add_argument("--keep-checkpoints", type=int, metavar="K", help="complete checkpoints to keep (default 2)")
-    c.add_argument("--async-checkpoint", action=argparse.BooleanOptionalAction, default=None,
-                   help="write periodic checkpoints in the background")
-    c.add_argument("--restart-from-scratch", action="store_true", default=None,
-                   help="when the job's checkpoints exist but none loads (damaged), set them aside and train "
-                        "from step 0 instead of failing (a checkpoint that loads is still resumed from)")
-    c.add_argument("--exact-resume", action=argparse.BooleanOptionalAction, default=None,
-                   help="fix DDP's gradient buckets so resumed runs are bit-identical (default on)")
+def _add_field(group: argparse._ArgumentGroup, name: str, flag: Flag, kind: Kind) -> None:
+    names = [_flag_name(name, flag), *([flag.short] if flag.short else [])]
+    help_text = flag.help.replace("%", "%%") if flag.help else None  # argparse formats help with %
+    if kind.type is bool:
+        action: Any = argparse.BooleanOptionalAction if flag.negatable else "store_true"
+        group.add_argument(*names, dest=name, action=action, default=None, help=help_text)
+    elif kind.type in (list, dict):  # repeatable: list items, or KEY=VALUE pairs
+        group.add_argument(*names, dest=name, action="append", default=[], metavar=flag.metavar, help=help_text)
+    else:
+        convert: Any = kind.type if kind.type in (int, float) and not kind.text else None  # None: the text as given
+        group.add_argument(*names, dest=name, type=convert, choices=kind.choices, metavar=flag.metavar, help=help_text)
 
 
-def _add_resource_options(r: argparse._ArgumentGroup) -> None:
-    r.add_argument("--nodes", "-N", type=int, default=1, help="nodes (default: 1)")
-    r.add_argument("--procs-per-node", type=int, help="processes per node (default: GPUs per node, 1 on CPU)")
-    r.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the partition's)")
-    r.add_argument("--cpus-per-task", type=int)
-    r.add_argument("--mem", help="memory per node, as sbatch takes it (500G)")
-    r.add_argument("--partition", "-p")
-    r.add_argument("--time", "-t", help="time limit: 12:00:00, 2-00:00:00, minutes")
-    r.add_argument("--job-name", "-J")
-    r.add_argument("--account", "-A")
-    r.add_argument("--qos", "-q")
-    r.add_argument("--reservation")
-    r.add_argument("--constraint", "-C")
-    r.add_argument("--sbatch", action="append", default=[], metavar="OPTION=VALUE",
-                   help="any other sbatch option, e.g. --sbatch mail-type=END (repeatable)")
+def _registered_backends() -> Mapping[str, Any]:
+    try:
+        from hpc_train.plugin.manager import default_plugins
+
+        return default_plugins().backends
+    except Exception:  # a broken plugin set fails the command itself with its message; parsing must not
+        return {}
+
+
+def _add_backend_flags(group: argparse._ArgumentGroup, backends: Mapping[str, Any]) -> tuple[_BackendFlag, ...]:
+    added = []
+    for backend, cls in sorted(backends.items()):
+        for option in getattr(cls, "cli_options", ()):
+            try:
+                dest = f"backend_flag:{backend}:{option.option}"  # not an attribute name: no clash with a field's
+                group.add_argument(option.flag, dest=dest, metavar=option.metavar or option.option.upper(),
+                                   help=f"({backend}) {option.help}".replace("%", "%%"))
+                added.append(_BackendFlag(option.flag, backend, option.option, dest))
+            except Exception as exc:  # a flag already taken, or not a CliOption: only that flag is lost
+                print(f"warning: backend {backend!r}: flag {getattr(option, 'flag', option)!r} not added: {exc}",
+                      file=sys.stderr)
+    return tuple(added)
 
 
 def add_sweep_options(parser: argparse.ArgumentParser) -> None:
@@ -96,77 +118,82 @@ def add_sweep_options(parser: argparse.ArgumentParser) -> None:
                    help="at most N sweep tasks run at once (the array's %%N)")
 
 
+# the numbers, true/false and null of YAML 1.2's core schema (decimal only): what YAML 1.1 also reads
+# (1:30 in base 60, yes/on, 0o17, 1_000) stays the text given
+_INT = re.compile(r"[-+]?[0-9]+")
+_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
+_NULL = ("null", "Null", "NULL", "~")
+
+
+def typed_value(text: str) -> Any:
+    """A ``-o`` value: an int, a float, true/false (any case) or null; anything else the text itself."""
+    if _INT.fullmatch(text):
+        return int(text)
+    if _FLOAT.fullmatch(text):
+        return float(text)
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    return None if text in _NULL else text
+
+
 def _pairs(values: list[str], flag: str, typed: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in values:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise UsageError(f"{flag} {item!r}: expected KEY=VALUE")
-        if typed:
-            import yaml
-
-            try:
-                out[key] = yaml.safe_load(value) if value else value
-            except yaml.YAMLError:
-                out[key] = value
-        else:
-            out[key] = value
+        out[key] = typed_value(value) if typed and value else value
     return out
+
+
+def _sbatch(values: list[str], flag: str) -> dict[str, Any]:
+    """``--sbatch OPTION=VALUE``, or a bare ``--sbatch OPTION`` for a switch (``exclusive``)."""
+    out: dict[str, Any] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        out[key.lstrip("-")] = value if sep else True
+    return out
+
+
+def _backend_options(values: list[str], flag: str) -> dict[str, Any]:
+    return _pairs(values, flag, typed=True)  # typed: a backend's options are numbers and switches as often as text
+
+
+# how a mapping field's repeated KEY=VALUE items become its value; a field not named here takes them as text
+_MAPPINGS: dict[str, Callable[[list[str], str], dict[str, Any]]] = {"sbatch": _sbatch, "backend_options": _backend_options}
 
 
 def job_options(args: argparse.Namespace) -> dict[str, Any]:
     """JobSpec keyword arguments from parsed options (None means: not given, use defaults)."""
-    sbatch: dict[str, Any] = {}
-    for item in args.sbatch:
-        key, sep, value = item.partition("=")
-        sbatch[key.lstrip("-")] = value if sep else True
-    options: dict[str, Any] = {
-        "site": args.site,
-        "backend": args.backend,
-        "script": args.script,
-        "script_args": list(args.script_args) + list(args.after_dashdash),
-        "nodes": args.nodes,
-        "procs_per_node": args.procs_per_node,
-        "gpus_per_node": args.gpus_per_node,
-        "cpus_per_task": args.cpus_per_task,
-        "mem": args.mem,
-        "partition": args.partition,
-        "time": args.time,
-        "job_name": args.job_name,
-        "account": args.account,
-        "qos": args.qos,
-        "reservation": args.reservation,
-        "constraint": args.constraint,
-        "env": _pairs(args.env, "--env"),
-        "nccl_profile": (args.nccl_profile or "") + "+debug" if args.nccl_debug else args.nccl_profile,
-        "backend_options": {**_pairs(args.option, "--option", typed=True),
-                            **({"config": args.deepspeed_config} if args.deepspeed_config else {})},
-        "sbatch": sbatch,
-        "job_root": args.job_root,
-        "python": args.python,
-        "container": args.container,
-        "container_image": args.container_image,
-        "workdir": args.workdir,
-        "precision": args.precision,
-        "grad_clip": args.grad_clip,
-        "grad_accum": args.grad_accum,
-        "comm_hook": args.comm_hook,
-        "activation_checkpointing": args.activation_checkpointing,
-        "parallel": args.parallel,
-        "requeue": args.requeue,
-        "max_restarts": args.max_restarts,
-        "signal_grace": args.signal_grace,
-        "on_failure": args.on_failure,
-        "hang_timeout": args.hang_timeout,
-        "straggler_threshold": args.straggler_threshold,
-        "spare_nodes": args.spare_nodes,
-        "checkpoint_every": args.checkpoint_every,
-        "keep_checkpoints": args.keep_checkpoints,
-        "async_checkpoint": args.async_checkpoint,
-        "restart_from_scratch": args.restart_from_scratch,
-        "exact_resume": args.exact_resume,
-        "metrics": args.metrics,
-        "after": list(args.after) or None,
-        "after_type": args.after_type,
-    }
+    declared: _Declared = args._job_options
+    options: dict[str, Any] = {"script": args.script, "script_args": [*args.script_args, *args.after_dashdash]}
+    for name, flag, kind in declared.fields:
+        value = getattr(args, name)
+        if kind.type is dict:
+            value = _MAPPINGS.get(name, _pairs)(value, _flag_name(name, flag))
+        elif kind.type is list:
+            value = list(value) or None
+        options[name] = value
+    if getattr(args, "nccl_debug", False):  # the debug overlay over the profile asked for, else the partition's
+        options["nccl_profile"] = (options.get("nccl_profile") or "") + "+debug"
+    backend = options.get("backend") or _default(declared.spec, "backend")
+    options["backend_options"] = {**options.get("backend_options", {}), **_backend_flag_values(args, declared, backend)}
     return {k: v for k, v in options.items() if v is not None}
+
+
+def _default(spec: type, name: str) -> Any:
+    return next(default_of(f) for f in dataclasses.fields(spec) if f.name == name)
+
+
+def _backend_flag_values(args: argparse.Namespace, declared: _Declared, backend: str) -> dict[str, Any]:
+    """The backend flags given, as backend options; one of another backend's is a mistake, not ignored."""
+    values: dict[str, Any] = {}
+    for owned in declared.backend_flags:
+        value = getattr(args, owned.dest, None)
+        if value is None:
+            continue
+        if owned.backend != backend:
+            raise UsageError(f"{owned.flag} is an option of backend {owned.backend!r}; this job's backend is {backend!r}",
+                             hint=f"use --backend {owned.backend}, or drop {owned.flag}")
+        values[owned.option] = value
+    return values

@@ -10,13 +10,20 @@ validator in its cache (``hpc_train.config.validate``) never imports pydantic at
     class Options(Model):
         stage: Annotated[int, Ge(0), Le(3)] = setting(2, "ZeRO stage")
         name: Annotated[str, After(check_name)] = "x"
+
+A JobSpec field is declared once: ``setting(..., group=..., env=...)`` also makes it a flag of
+``submit``/``render`` and a variable the job reads (:class:`Flag`, :func:`to_env`, :func:`from_env`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import Any, ClassVar
+import functools
+import types
+import typing
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
 
 class Model:
@@ -25,9 +32,33 @@ class Model:
     __pydantic_config__: ClassVar[dict[str, Any]] = {"extra": "forbid"}
 
 
-def setting(default: Any = dataclasses.MISSING, doc: str = "", *, factory: Callable[[], Any] | None = None) -> Any:
-    """A field with a description (shown by ``backends``, ``site show`` and the docs)."""
-    metadata = {"description": doc} if doc else {}
+@dataclass(frozen=True)
+class Flag:
+    """How a field is given on ``submit`` and ``render``; hpc_train.cli.options makes the flag."""
+
+    group: str  # the --help heading it is listed under
+    flag: str | None = None  # None: from the field's name, grad_clip -> --grad-clip
+    short: str | None = None  # "-N"
+    metavar: str | None = None
+    help: str | None = None  # a % is a percent sign here, not argparse's format
+    negatable: bool = True  # a bool: --x / --no-x; False: --x alone (store_true)
+
+
+def setting(default: Any = dataclasses.MISSING, doc: str = "", *, factory: Callable[[], Any] | None = None,
+            group: str | None = None, flag: str | None = None, short: str | None = None, metavar: str | None = None,
+            help: str | None = None, negatable: bool = True, env: str | None = None) -> Any:
+    """A field with a description (shown by ``backends``, ``site show`` and the docs).
+
+    With ``group``, the field is a flag of ``submit``/``render`` too (:class:`Flag`; ``help`` defaults
+    to ``doc``); its type, choices and action come from the annotation (:func:`value_kind`). With
+    ``env`` (a hpc_train.contract name), the plan exports the field's value under that variable and
+    the job reads it back (:func:`to_env`, :func:`from_env`).
+    """
+    metadata: dict[str, Any] = {"description": doc} if doc else {}
+    if group is not None:
+        metadata["cli"] = Flag(group, flag, short, metavar, help if help is not None else doc or None, negatable)
+    if env is not None:
+        metadata["env"] = env
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -117,3 +148,71 @@ def field_names(cls: type) -> list[str]:
     if dataclasses.is_dataclass(cls):
         return [f.name for f in dataclasses.fields(cls)]
     return list(getattr(cls, "model_fields", {}))
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What a field takes, as text spells it (a flag's value, an environment variable)."""
+
+    type: type  # bool, int, float, str, list or dict
+    choices: tuple[str, ...] | None = None  # a Literal's values
+    # a Before validator reads the text itself (a duration, a Slurm time): it is passed on as given
+    text: bool = False
+
+
+def value_kind(annotation: Any) -> Kind:
+    """The :class:`Kind` of an annotation: ``Annotated`` markers and ``| None`` looked through."""
+    markers: list[Any] = []
+    while True:
+        if get_origin(annotation) is Annotated:
+            markers.extend(annotation.__metadata__)
+            annotation = annotation.__origin__
+            continue
+        members = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else ()
+        rest = [m for m in members if m is not type(None)]
+        if len(members) == len(rest) + 1 == 2:
+            annotation = rest[0]
+            continue
+        break
+    text = any(isinstance(m, Before) for m in markers)
+    origin = get_origin(annotation) or annotation
+    if origin is Literal:
+        return Kind(str, tuple(str(choice) for choice in get_args(annotation)), text)
+    return Kind(origin if origin in (bool, int, float, list, dict) else str, None, text)
+
+
+@functools.cache
+def field_kinds(cls: type) -> dict[str, Kind]:
+    """``{field: Kind}`` of a config dataclass (its annotations evaluated once per process)."""
+    return {name: value_kind(hint) for name, hint in typing.get_type_hints(cls, include_extras=True).items()}
+
+
+def env_text(value: Any) -> str:
+    """A value as the job reads it from its environment: a bool is 1 or 0, a float its repr."""
+    if isinstance(value, bool):
+        return str(int(value))
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def from_text(kind: Kind, raw: str) -> Any:
+    """:func:`env_text`'s value back: what the field's kind takes (raises ValueError when it is not that)."""
+    if kind.type is bool:
+        return raw.lower() in ("1", "true", "yes")
+    return kind.type(raw) if kind.type in (int, float) else raw
+
+
+def to_env(obj: Any) -> dict[str, str]:
+    """``{variable: text}`` of a model instance's ``env`` fields that are set (None: not exported)."""
+    values = {f.metadata["env"]: getattr(obj, f.name) for f in dataclasses.fields(obj) if "env" in f.metadata}
+    return {var: env_text(value) for var, value in values.items() if value is not None}
+
+
+def from_env(cls: type, environ: Mapping[str, str], names: Collection[str] | None = None) -> dict[str, Any]:
+    """The ``env`` fields of ``cls`` (only ``names``, when given) that ``environ`` sets, typed; "" is unset."""
+    kinds = field_kinds(cls)
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        var = f.metadata.get("env")
+        if var is not None and (names is None or f.name in names) and environ.get(var):
+            out[f.name] = from_text(kinds[f.name], environ[var])
+    return out

@@ -128,8 +128,9 @@ def _build(cls: type) -> tuple[dict[str, Any], dict[str, tuple[int, int]]]:
 
 
 def no_bool_int(value: Any) -> Any:
-    """pydantic takes ``true`` for 1 where a number is wanted; a count or a size is never a yes."""
-    if isinstance(value, bool):
+    """pydantic takes ``true`` for 1 and 8.0 for 8 where a count is wanted: a count is never a yes, and
+    ``-o zero_stage=8.0`` or ``micro_batch: 2.5`` is a mistake to show, not to round."""
+    if isinstance(value, (bool, float)):
         raise ValueError(f"expected an integer, got {value!r}")
     return value
 

@@ -6,6 +6,7 @@ imports a framework; a backend's runtime half (``hpc_train.runtime``) imports it
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -28,8 +29,26 @@ class NoOptions(Model):
 
 
 @dataclass(frozen=True)
+class CliOption:
+    """A flag a backend adds to ``submit`` and ``render``: ``--deepspeed-config X`` is ``-o config=X``.
+
+    The core lists every registered backend's flags under their own heading; a flag given with another
+    backend is a usage error that names the backend it belongs to.
+    """
+
+    flag: str  # "--deepspeed-config"
+    option: str  # the field of the backend's Options it sets: "config"
+    help: str
+    metavar: str | None = None
+
+
+@dataclass(frozen=True)
 class LaunchInfo:
-    """What a backend needs to build its launch line; computed by the planner."""
+    """What a backend needs to build its launch line; computed by the planner.
+
+    Values known only once the job runs are shell variables the batch script exports, to be written
+    as ``Raw`` words: ``"${MASTER_ADDR}"``, ``"${MASTER_PORT}"``, ``"${HPC_TRAIN_JOB_FOLDER}"``.
+    """
 
     scheduler: Literal["slurm", "local"]
     nodes: int
@@ -38,33 +57,67 @@ class LaunchInfo:
     python: str
     script: str
     script_args: tuple[str, ...]
-    master_port: int
-    job_folder: str
+    #: the site's ``master_port``: the job's own port is this plus a per-job offset (``SLURM_JOB_ID % 2000``;
+    #: locally, of the batch script's process id), so two jobs on one node do not collide. A launch line uses
+    #: ``"${MASTER_PORT}"``, never this number
+    master_port_base: int
+    #: the folder job folders are created in (``--job-root``, else the site's ``job_root``); this job's own
+    #: folder is ``<job_root>/<job id>``, known only in the job: ``"${HPC_TRAIN_JOB_FOLDER}"``
+    job_root: str
     cpus_per_proc: int | None = None  # from --cpus-per-task or the partition's CPUs / processes
     precision: str | None = None
     grad_accum: int | None = None
     grad_clip: float | None = None
+    #: what the job's processes will see that a backend may decide with: ``PWD`` (relative paths among the
+    #: script's arguments) and the ``--parallel`` layout (``HPC_TRAIN_PARALLEL``) when the job has one
     env: dict[str, str] = field(default_factory=dict)
     #: the signal that tells the ranks to save and stop (``USR2``); None when the job does not requeue
     stop_signal: str | None = None
 
+    # The old names, kept (with a warning) for plugins written against them: they held what the new names say.
+    @property
+    def master_port(self) -> int:
+        """Deprecated: the base port, not the job's port; use ``master_port_base`` (or ``"${MASTER_PORT}"``)."""
+        _renamed("master_port", "master_port_base")
+        return self.master_port_base
+
+    @property
+    def job_folder(self) -> str:
+        """Deprecated: the job *root*, not the job's folder; use ``job_root`` (or ``"${HPC_TRAIN_JOB_FOLDER}"``)."""
+        _renamed("job_folder", "job_root")
+        return self.job_root
+
+
+def _renamed(old: str, new: str) -> None:
+    warnings.warn(f"LaunchInfo.{old} is renamed LaunchInfo.{new} (docs/plugins.md, \"LaunchInfo\")",
+                  DeprecationWarning, stacklevel=3)
+
 
 class Backend:
-    """Subclass, set ``name``/``summary``, declare ``Options`` and override what differs."""
+    """Subclass, set ``name``/``summary``, declare ``Options`` and override what differs.
+
+    What a backend can do is declared in the class attributes below, and hpc_train reads nothing else:
+    the core never looks a backend up by its name. The job-side half is the ``runtime`` class, whose own
+    declarations are on :class:`hpc_train.runtime.base.BackendRuntime`.
+    """
 
     name: ClassVar[str]
     summary: ClassVar[str] = ""
     #: typed options (``--option key=value``, ``backend_options=``, site ``backends.<name>``); unknown keys
     #: rejected. A config dataclass (hpc_train.config.fields), or a pydantic model.
     Options: ClassVar[type] = NoOptions
-    #: "module:Class" of the job-side half (a hpc_train.runtime.base.BackendRuntime); imported only in the job
-    runtime: ClassVar[str] = "hpc_train.runtime.base:BackendRuntime"
-    #: whether --comm-hook (DDP communication hooks) applies
-    supports_comm_hook: ClassVar[bool] = True
+    #: "module:Class" of the job-side half, a subclass of hpc_train.runtime.base.BackendRuntime, imported only
+    #: in the job. The default suits a backend that changes only how processes start: torch.distributed from
+    #: the environment, gradients averaged in one all-reduce per optimizer step (no DDP: that is torchrun's).
+    runtime: ClassVar[str] = "hpc_train.runtime.base:AllReduceRuntime"
+    #: whether --comm-hook applies: the runtime registers DDP communication hooks (the default runtime does not)
+    supports_comm_hook: ClassVar[bool] = False
     #: the --parallel axes ("dp", "tp", "pp") the runtime builds a device mesh for; () takes no layout
     parallel_axes: ClassVar[tuple[str, ...]] = ()
     #: distributions the job imports on the compute nodes, as pip names them (``doctor`` checks them)
     requires: ClassVar[tuple[str, ...]] = ("torch",)
+    #: flags of its own on ``submit``/``render``, each a shorthand for one ``--option`` (see CliOption)
+    cli_options: ClassVar[tuple[CliOption, ...]] = ()
 
     def __init__(self, options: Any) -> None:
         self.options = options

@@ -1,7 +1,12 @@
-"""The job-side half of a backend. The default is torch.distributed + DDP; other backends override.
+"""The job-side half of a backend: what every runtime builds on, and the default for a backend naming none.
 
 A backend's login-side class names its runtime class by import path (``Backend.runtime``) so the
 login node never imports this module's frameworks. Methods are called by :class:`Context`.
+
+:class:`BackendRuntime` is the contract: the process group from the environment, the device,
+precision, clipping, accumulation and the collectives, for every backend. How gradients are averaged
+is each backend's (DDP in the torchrun plugin, Horovod's optimizer, an MPI all-reduce, DeepSpeed's
+engine); :class:`AllReduceRuntime` is the plain torch.distributed way, for a backend that names no runtime.
 """
 
 from __future__ import annotations
@@ -12,19 +17,34 @@ import functools
 import os
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from hpc_train.runtime.environment import DistEnv
 from hpc_train.runtime.options import RuntimeOptions
+
+if TYPE_CHECKING:
+    from hpc_train.runtime.parallel import ParallelState
 
 # How long shutdown() lets go of the GIL for torch's communication threads to finish (see shutdown()).
 WORKER_DRAIN_S = 0.2
 
 
 class BackendRuntime:
-    """torch.distributed with DDP; precision, clipping and accumulation for every backend."""
+    """torch.distributed from the environment; precision, clipping and accumulation for every backend.
 
-    name = "torchrun"
+    A subclass says how gradients become identical across ranks: a model wrapper in ``wrap`` (DDP), an
+    averaging step in ``synchronize_gradients`` (MPI), or its optimizer (Horovod). The base averages
+    nothing, so a multi-process run of a runtime that says none of these stops in ``wrap``.
+    """
+
+    #: what the runtime is, for messages
+    name: ClassVar[str] = "torch.distributed"
+    #: True when the framework runs its own parallel engine under ``--parallel`` (DeepSpeed's pipeline):
+    #: hpc_train then only builds the device mesh, and ``ctx.pipeline(...)`` calls :meth:`pipeline`.
+    #: False: hpc_train averages over the dp group, saves sharded state and runs its own pipeline schedules.
+    owns_parallelism: ClassVar[bool] = False
+    #: this rank's place in the ``--parallel`` mesh, set by ``init()`` under a layout; None without one
+    parallel: ParallelState | None = None
 
     def __init__(self, env: DistEnv, options: RuntimeOptions) -> None:
         self.env = env
@@ -33,7 +53,7 @@ class BackendRuntime:
         self.optimizer: Any = None
         self.scaler: Any = None
         self.micro_step = 0
-        self.metrics: Any = None  # the Context's MetricsRecorder (times the DDP comm hook); None when off
+        self.metrics: Any = None  # the Context's MetricsRecorder (times the communication); None when off
 
     # -- setup ---------------------------------------------------------------------------
     @functools.cached_property
@@ -100,45 +120,19 @@ class BackendRuntime:
         return model, optimizer
 
     def wrap(self, model: Any) -> Any:
-        """Wrap the model for data parallelism (DDP here)."""
+        """The model as training uses it: a data-parallel wrapper (DDP), or the model itself where
+        gradients are averaged elsewhere (``synchronize_gradients``, the optimizer). Every runtime of more
+        than one process overrides it: averaging nothing would train each rank's replica apart, silently."""
         if self.env.world_size == 1:
             return model
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        ids = [self.device.index] if self.device.type == "cuda" else None
-        ddp = DDP(model, device_ids=ids)
-        if self.options.exact_resume:
-            _fix_bucket_layout(ddp)
-        self._register_comm_hook(ddp)
-        return ddp
-
-    def _register_comm_hook(self, ddp: Any) -> None:
-        hook = self.options.comm_hook
-        if hook == "none" and self.metrics is None:
-            return
-        from torch.distributed.algorithms.ddp_comm_hooks import (
-            default_hooks,
-            powerSGD_hook,
-        )
-
-        state: Any = None
-        fn: Any
-        if hook == "none":
-            fn = None  # DDP's own averaging all-reduce, timed by the metrics' hook
-        elif hook == "fp16":
-            fn = default_hooks.fp16_compress_hook
-        elif hook == "bf16":
-            fn = default_hooks.bf16_compress_hook
-        else:
-            # start compressing after a short warm-up of exact all-reduces, as the PowerSGD paper advises
-            state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=10)
-            fn = powerSGD_hook.powerSGD_hook
-        ddp.register_comm_hook(state, fn if self.metrics is None else self.metrics.comm_hook(fn))
+        raise NotImplementedError(
+            f"{type(self).__qualname__} does not say how gradients are averaged across {self.env.world_size} processes: "
+            "override wrap() (return the model itself when synchronize_gradients() or the optimizer averages), "
+            "or subclass hpc_train.runtime.base.AllReduceRuntime")
 
     def set_gradient_sync(self, sync: bool) -> None:
-        """Whether the next backward all-reduces (off for accumulation micro-steps)."""
-        if hasattr(self.model, "require_backward_grad_sync"):
-            self.model.require_backward_grad_sync = sync
+        """Whether the next backward should reduce gradients (False on accumulation micro-steps), for a
+        wrapper that reduces in backward (DDP); nothing to switch here."""
 
     # -- step ------------------------------------------------------------------------------
     def backward(self, loss: Any) -> None:
@@ -170,7 +164,8 @@ class BackendRuntime:
         return True
 
     def synchronize_gradients(self) -> None:
-        """Make gradients identical across ranks before clipping (DDP already did in backward)."""
+        """Make gradients identical across ranks before clipping, at each optimizer step; nothing here
+        (a wrapper such as DDP already did in backward). Blocking averaging here is timed as communication."""
 
     def optimizer_step(self) -> None:
         if self.scaler is not None:
@@ -252,21 +247,54 @@ class BackendRuntime:
     def unwrap(self, model: Any) -> Any:
         return getattr(model, "module", model)
 
+    # -- parallelism the framework owns ------------------------------------------------------------
+    def pipeline(self, layers: Sequence[Any], loss_fn: Any, *, microbatches: int) -> Any:
+        """``ctx.pipeline(...)`` for a runtime that sets ``owns_parallelism``: the framework's own pipeline
+        engine, an object with ``module`` (to prepare) and ``step(inputs, targets)`` returning the loss."""
+        raise NotImplementedError(f"{type(self).__qualname__} sets owns_parallelism but has no pipeline()")
 
-def _fix_bucket_layout(ddp: Any) -> None:
-    """Give DDP its final gradient-bucket layout now, instead of after the first iteration.
 
-    DDP reduces the first iteration in one bucket, then rebuilds its buckets in the order gradients
-    became ready. Where a bucket boundary falls decides how each gradient is summed across ranks, so a
-    run resumed from a checkpoint (first iteration again: one bucket) would differ from an
-    uninterrupted one in the last bit. A layout fixed at construction is the same in every run. It
-    follows parameter order, so for models larger than one bucket (25 MB) DDP overlaps less of the
-    communication with backward: turn it off (--no-exact-resume) where that matters more.
+class AllReduceRuntime(BackendRuntime):
+    """The runtime of a backend that names none: rank 0's weights to every rank, then gradients
+    averaged in one flat all-reduce per optimizer step (torch.distributed, no wrapper).
+
+    Every rank's backward must reach the same parameters (as DDP requires by default). Nothing overlaps
+    the averaging with backward, as DDP does: a backend that wants that names a runtime that wraps the
+    model in DDP (the torchrun backend's does), or its own.
     """
-    reducer = ddp.reducer
-    if hasattr(reducer, "_push_all_rebuilt_params") and hasattr(reducer, "_rebuild_buckets"):
-        reducer._push_all_rebuilt_params()
-        reducer._rebuild_buckets()
+
+    name = "all-reduce"
+
+    def wrap(self, model: Any) -> Any:
+        if self.env.world_size > 1:
+            import torch
+            import torch.distributed as dist
+
+            with torch.no_grad():  # every replica starts from rank 0's weights
+                for tensor in [*model.parameters(), *model.buffers()]:
+                    dist.broadcast(tensor, src=0)
+        return model
+
+    def synchronize_gradients(self) -> None:
+        if self.env.world_size > 1:
+            average_in_place([p.grad for p in self.model.parameters() if p.grad is not None], self.env.world_size)
+
+
+def average_in_place(tensors: Sequence[Any], size: int, group: Any = None) -> None:
+    """Average ``tensors`` over ``group`` (None: every rank) of ``size`` ranks, in one flat all-reduce:
+    one collective per step instead of one per tensor. Every rank must pass the same shapes in the same order."""
+    if not tensors:
+        return
+    import torch
+    import torch.distributed as dist
+
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, group=group)
+    flat /= size
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
 
 
 def _autocast_forward(model: Any, autocast: Any) -> None:

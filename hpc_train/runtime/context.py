@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from hpc_train import contract
 from hpc_train.runtime.base import BackendRuntime, apply_activation_checkpointing
 from hpc_train.runtime.checkpoint import Checkpointer
 from hpc_train.runtime.data import DistributedLoader, batches
@@ -18,8 +19,6 @@ from hpc_train.runtime.heartbeat import Heartbeat
 from hpc_train.runtime.metrics import recorder_for
 from hpc_train.runtime.options import RuntimeOptions
 from hpc_train.runtime.parallel import ParallelState, with_layout
-
-DEFAULT_RUNTIME = "hpc_train.runtime.base:BackendRuntime"
 
 
 class Context:
@@ -135,7 +134,7 @@ class Context:
     @property
     def parallel(self) -> ParallelState | None:
         """Mesh coordinates and groups: ``dp_rank``, ``dp_group``, ``tp_group``, ``stage``, ...; None without a layout."""
-        return getattr(self.runtime, "parallel", None)
+        return self.runtime.parallel
 
     @property
     def mesh(self) -> Any:
@@ -213,12 +212,20 @@ def _uncaught() -> BaseException | None:
 
 
 def runtime_class(backend: str) -> type[BackendRuntime]:
-    """The runtime half of ``backend``, found through the plugin manager and imported lazily."""
+    """The runtime half of ``backend``, as its plugin declares it (``Backend.runtime``), imported lazily.
+
+    The core names no runtime class: even a script started without hpc_train (a plain ``torchrun
+    train.py``, so no HPC_TRAIN_BACKEND) gets the one the plugin of the default backend declares.
+    """
     from hpc_train.plugin.manager import default_plugins
 
-    path = getattr(default_plugins().backend(backend), "runtime", None) or DEFAULT_RUNTIME
+    path = default_plugins().backend(backend).runtime
     module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
+    cls = getattr(importlib.import_module(module), name, None)
+    if not (isinstance(cls, type) and issubclass(cls, BackendRuntime)):
+        raise TypeError(f"backend {backend!r} names the runtime {path!r}, which is not a "
+                        "hpc_train.runtime.base.BackendRuntime subclass")
+    return cls
 
 
 def init(backend: str | None = None, **defaults: Any) -> Context:
@@ -228,7 +235,7 @@ def init(backend: str | None = None, **defaults: Any) -> Context:
     unless the job sets them (``--precision``, ...).
     """
     env = detect()
-    name = backend or os.environ.get("HPC_TRAIN_BACKEND") or "torchrun"
+    name = backend or os.environ.get(contract.ENV_BACKEND) or "torchrun"
     metrics = defaults.pop("metrics", True)  # rt.init(metrics=False); the job's HPC_TRAIN_METRICS wins
     options = RuntimeOptions.from_env(**defaults)
     runtime = with_layout(runtime_class(name))(env, options)  # + device mesh when the job has --parallel

@@ -8,10 +8,12 @@ tensor-parallel group is consecutive ranks, so it stays on one node):
     ctx.parallel.dp_group            data-parallel process group (sampler, gradient averaging)
     ctx.parallel.stage               this rank's pipeline stage index
 
-With a layout the torchrun runtime does not wrap the model in DDP: DDP would all-reduce over every
-rank, but only the ranks of one data-parallel group hold the same shard of the same stage. Instead
-the gradients are averaged over the dp group, in one coalesced all-reduce, before clipping and the
-optimizer step. State is saved with torch.distributed.checkpoint (sharded_checkpoint.py).
+With a layout the runtime does not wrap the model for data parallelism (DDP under torchrun): that
+would all-reduce over every rank, but only the ranks of one data-parallel group hold the same shard of
+the same stage. Instead the gradients are averaged over the dp group, in one coalesced all-reduce,
+before clipping and the optimizer step. State is saved with torch.distributed.checkpoint
+(sharded_checkpoint.py). A runtime whose framework has its own engine for this declares
+``BackendRuntime.owns_parallelism`` and gets the mesh only.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ def with_layout(cls: type[BackendRuntime], environ: Mapping[str, str] | None = N
     """
     if not (os.environ if environ is None else environ).get(ENV_VAR):
         return cls
-    mixin = MeshOnly if getattr(cls, "owns_parallelism", False) else LayoutRuntime
+    mixin = MeshOnly if cls.owns_parallelism else LayoutRuntime
     return type(f"{cls.__name__}With{mixin.__name__}", (mixin, cls), {})
 
 
@@ -162,19 +164,9 @@ def average_gradients(model: Any, state: ParallelState) -> None:
     """Average gradients over the data-parallel group: one flat all-reduce, in parameter order."""
     if state.dp_size == 1:
         return
-    import torch
-    import torch.distributed as dist
+    from hpc_train.runtime.base import average_in_place
 
-    grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, group=state.dp_group)
-    flat /= state.dp_size
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
-        offset += g.numel()
+    average_in_place([_local(p.grad) for p in model.parameters() if p.grad is not None], state.dp_size, state.dp_group)
 
 
 def _require(ctx: Context) -> ParallelState:
@@ -277,10 +269,10 @@ def pipeline(ctx: Context, layers: Sequence[Any], loss_fn: Callable[..., Any], *
              schedule: str = "gpipe") -> Any:
     """This rank's pipeline stage of ``layers`` (split evenly), with a GPipe or 1F1B schedule.
 
-    Under ``--backend deepspeed`` it is DeepSpeed's pipeline engine instead (see DeepSpeedPipeline).
+    A runtime that declares ``owns_parallelism`` (DeepSpeed's) runs its framework's pipeline engine instead.
     """
-    if getattr(ctx.runtime, "owns_parallelism", False):
-        return ctx.runtime.pipeline(layers, loss_fn, microbatches=microbatches)  # type: ignore[attr-defined]
+    if ctx.runtime.owns_parallelism:
+        return ctx.runtime.pipeline(layers, loss_fn, microbatches=microbatches)
     return Pipeline(ctx, layers, loss_fn, microbatches, schedule)
 
 

@@ -92,6 +92,35 @@ def test_comm_hook_only_for_ddp(plugins):
     assert env_of(plan(plugins, "torchrun", comm_hook="powersgd"))["HPC_TRAIN_COMM_HOOK"] == "powersgd"
 
 
+def test_launch_info_holds_the_job_root_and_the_base_port_and_a_plain_backend_takes_no_comm_hook():
+    from hpc_train import Backend, LaunchInfo, hookimpl
+    from hpc_train.plugin.manager import get_plugin_manager
+
+    seen: list[LaunchInfo] = []
+
+    class Peek(Backend):  # declares nothing beyond its name: the defaults apply
+        name = "peek"
+
+        def env(self, info: LaunchInfo) -> dict[str, str]:
+            seen.append(info)
+            return {}
+
+    class Provider:
+        @hookimpl
+        def hpc_train_backends(self):
+            return [Peek]
+
+    pm = get_plugin_manager((Provider(),))
+    plan(pm, "peek", job_root="/scratch/alice/jobs")
+    assert (seen[0].job_root, seen[0].master_port_base) == ("/scratch/alice/jobs", load_site("sandbox").config.master_port)
+    with pytest.warns(DeprecationWarning, match=r"LaunchInfo.job_folder is renamed LaunchInfo.job_root"):
+        assert seen[0].job_folder == "/scratch/alice/jobs"
+    with pytest.warns(DeprecationWarning, match=r"LaunchInfo.master_port is renamed LaunchInfo.master_port_base"):
+        assert seen[0].master_port == seen[0].master_port_base
+    with pytest.raises(ConfigError, match=r"backend 'peek' has no DDP communication hooks.*--backend torchrun"):
+        plan(pm, "peek", comm_hook="fp16")
+
+
 def test_backend_modules_import_no_framework():
     import subprocess
 

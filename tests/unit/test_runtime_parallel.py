@@ -145,3 +145,23 @@ def test_without_a_layout_the_runtime_is_unchanged():
     assert with_layout(BackendRuntime, {}) is BackendRuntime
     mixed = with_layout(BackendRuntime, {"HPC_TRAIN_PARALLEL": "dp=2,tp=2"})
     assert issubclass(mixed, BackendRuntime) and mixed.wrap is not BackendRuntime.wrap
+
+
+def test_a_runtime_that_owns_parallelism_gets_the_mesh_only_and_runs_its_own_pipeline():
+    from hpc_train.runtime.base import BackendRuntime
+    from hpc_train.runtime.environment import detect
+    from hpc_train.runtime.options import RuntimeOptions
+    from hpc_train.runtime.parallel import LayoutRuntime, MeshOnly, pipeline
+
+    class Owns(BackendRuntime):  # declared on the class, as DeepSpeed's runtime does
+        owns_parallelism = True
+
+        def pipeline(self, layers, loss_fn, *, microbatches):
+            return ("its own engine", len(layers), microbatches)
+
+    layout = {"HPC_TRAIN_PARALLEL": "dp=1,pp=2"}
+    assert not issubclass(with_layout(Owns, layout), LayoutRuntime) and issubclass(with_layout(Owns, layout), MeshOnly)
+    assert issubclass(with_layout(BackendRuntime, layout), LayoutRuntime)
+    ctx = SimpleNamespace(runtime=Owns(detect({}), RuntimeOptions()))
+    assert pipeline(ctx, [1, 2, 3], None, microbatches=4) == ("its own engine", 3, 4)
+    assert BackendRuntime.parallel is None  # declared for every runtime: None until a layout's init() sets it

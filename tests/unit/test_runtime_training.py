@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hpc_train_plugins.torchrun_runtime import TorchrunRuntime
 
-from hpc_train.runtime.base import BackendRuntime, apply_activation_checkpointing
-from hpc_train.runtime.context import Context
-from hpc_train.runtime.environment import detect
+from hpc_train import Backend, hookimpl
+from hpc_train.plugin import manager
+from hpc_train.runtime.base import AllReduceRuntime, BackendRuntime, apply_activation_checkpointing
+from hpc_train.runtime.context import Context, runtime_class
+from hpc_train.runtime.environment import DistEnv, detect
 from hpc_train.runtime.options import RuntimeOptions
 
 
-def make_ctx(**options) -> Context:
+def make_ctx(runtime_cls: type[BackendRuntime] = BackendRuntime, **options) -> Context:
     env = detect({})
-    runtime = BackendRuntime(env, RuntimeOptions(**options))
+    runtime = runtime_cls(env, RuntimeOptions(**options))
     runtime.init()
     return Context(env, "torchrun", runtime)
 
@@ -25,10 +28,11 @@ def model_and_data(seed: int = 0):
     return model, x, y
 
 
-def test_grad_accumulation_steps_every_n_and_matches_a_big_batch():
+@pytest.mark.parametrize("runtime_cls", [BackendRuntime, AllReduceRuntime, TorchrunRuntime])
+def test_grad_accumulation_steps_every_n_and_matches_a_big_batch(runtime_cls):
     model, x, y = model_and_data()
     reference = [p.detach().clone() for p in model.parameters()]
-    ctx = make_ctx(grad_accum=4)
+    ctx = make_ctx(runtime_cls, grad_accum=4)
     model, _opt = ctx.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
     stepped = []
     for chunk_x, chunk_y in zip(x.chunk(4), y.chunk(4)):
@@ -101,3 +105,36 @@ def test_context_reports_where_it_is():
     assert (ctx.rank, ctx.world_size, ctx.local_rank, ctx.node_rank, ctx.is_main) == (0, 1, 0, 0, True)
     assert str(ctx.device) == "cpu" and ctx.backend == "torchrun"
     assert ctx.all_reduce(torch.tensor([3.0])).item() == 3.0
+
+
+# -- which runtime a backend gets: what its class declares, never its name ------------------------------
+
+def test_a_runtime_that_averages_nothing_refuses_more_than_one_process():
+    model = torch.nn.Linear(2, 2)
+    two = DistEnv(0, 0, 2, 2, 0, 1, "127.0.0.1", 29500, "single")
+    with pytest.raises(NotImplementedError, match="BackendRuntime does not say how gradients are averaged across 2"):
+        BackendRuntime(two, RuntimeOptions()).wrap(model)
+    assert BackendRuntime(detect({}), RuntimeOptions()).wrap(model) is model  # one process: nothing to average
+
+
+class _Plain(Backend):  # declares no runtime: the documented default
+    name = "plain"
+
+
+class _Misnamed(Backend):
+    name = "misnamed"
+    runtime = "hpc_train.runtime.options:RuntimeOptions"
+
+
+class _Provider:
+    @hookimpl
+    def hpc_train_backends(self):
+        return [_Plain, _Misnamed]
+
+
+def test_the_runtime_is_the_one_the_backend_declares(monkeypatch):
+    assert runtime_class("torchrun") is TorchrunRuntime  # also what a plain `torchrun train.py` gets
+    monkeypatch.setattr(manager, "default_plugins", lambda: manager.get_plugin_manager((_Provider(),), load_entry_points=False))
+    assert runtime_class("plain") is AllReduceRuntime and not _Plain.supports_comm_hook
+    with pytest.raises(TypeError, match=r"'misnamed' names the runtime 'hpc_train\.runtime\.options:RuntimeOptions', which is not"):
+        runtime_class("misnamed")

@@ -190,3 +190,18 @@ def test_a_bool_is_never_a_number_and_a_union_fails_once():
         validate(SiteConfig, {"name": "x", "sbatch": {"account": {"a": 1}}})
     [problem] = problems_from_validation(caught.value, SiteConfig, "s.yaml")
     assert problem.key == "sbatch.account" and problem.message.startswith("expected a string, an integer or true/false")
+
+
+@pytest.mark.parametrize("options, where", [
+    ({"backend": "deepspeed", "backend_options": {"zero_stage": 2.0}}, "zero_stage"),
+    ({"backend": "deepspeed", "backend_options": {"micro_batch": 2.5}}, "micro_batch"),
+    ({"nodes": 2.0}, "--nodes"),
+    ({"grad_accum": True}, "--grad-accum"),
+])
+def test_a_count_given_as_a_float_or_a_yes_is_refused_not_rounded(plugins, options, where):
+    from hpc_train.errors import ConfigError
+    from hpc_train.testing import plan_job
+
+    with pytest.raises(ConfigError) as caught:
+        plan_job(plugins, "sandbox", **options)
+    assert where in str(caught.value) and "expected an integer, got" in str(caught.value), str(caught.value)
