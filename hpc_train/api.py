@@ -51,11 +51,12 @@ def submit(target: str | os.PathLike[str] | Callable[..., Any], *args: Any, plug
         options["after"] = expand_after(options["after"])
     if callable(target):
         job = make_job(**options)
-        plan = plan_job(job, plugins, kind="function", function_name=getattr(target, "__name__", None))
+        plan = plan_job(job, plugins, kind="function", function_name=getattr(target, "__name__", None),
+                        submitting=True)
         handle = submit_plan(plan, lambda p: render_plan(p, plugins), fn=target, args=args)
     else:
         job = make_job(script=os.fspath(target), script_args=[str(a) for a in args], **options)
-        plan = plan_job(job, plugins)
+        plan = plan_job(job, plugins, submitting=True)  # refuses to train on a login node by fallback
         warn_about(plan)
         handle = submit_plan(plan, lambda p: render_plan(p, plugins))
     plugins.after_submit(handle, plan)

@@ -16,13 +16,14 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hpc_train.api import check_script, make_job, resolve_site
+    from hpc_train.api import check_script, make_job
     from hpc_train.cli.validate_cmd import checked_plan, render_checked
     from hpc_train.plugin.manager import default_plugins
+    from hpc_train.submission.prepare import site_for
 
     plugins = default_plugins()
     job = make_job(**job_options(args))
-    resolved = resolve_site(job.site, plugins)
+    resolved = site_for(job, plugins)  # without --site: which one and why, on stderr
     check_script(job)
     plan = checked_plan(job, resolved, plugins)  # the check `validate` runs, so the two agree
     sys.stdout.write(render_checked(plan, plugins))

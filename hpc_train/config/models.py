@@ -23,6 +23,8 @@ SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 STORAGE_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 SBATCH_KEY = re.compile(r"[a-z][a-z0-9-]*")
 MEM_SIZE = re.compile(r"[0-9]+[KMGTkmgt]?")  # sbatch --mem: megabytes unless a unit follows
+MEM_FORMS = "a number of megabytes (64000), or one with a unit K, M, G or T (500G)"
+MEM_UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 # sbatch options hpc_train sets itself, and what sets them instead; a second value would contradict the plan
 RESERVED_SBATCH = {
     "nodes": "--nodes", "ntasks-per-node": "--procs-per-node", "ntasks": "--nodes and --procs-per-node",
@@ -95,9 +97,25 @@ def _profile_names(value: dict[str, dict[str, str]]) -> dict[str, dict[str, str]
     return value
 
 
+def mem_size_problem(value: str) -> str | None:
+    """What is wrong with a memory size as sbatch --mem reads it, or None; with the fix when one is near."""
+    if MEM_SIZE.fullmatch(value):
+        return None
+    fixed = re.sub(r"\s+", "", value).upper().removesuffix("B").removesuffix("I")  # '5 GB', '5gb', '5GiB'
+    near = f"; did you mean {fixed!r}?" if MEM_SIZE.fullmatch(fixed) and fixed != value else ""
+    return f"{value!r} is not a memory size: {MEM_FORMS}{near}"
+
+
+def mem_megabytes(value: str) -> float:
+    """A valid memory size (MEM_SIZE) in megabytes, as sbatch counts them (K = 1/1024 M, G = 1024 M)."""
+    unit = value[-1].upper() if value[-1].isalpha() else "M"
+    return int(value.rstrip("KMGTkmgt")) * MEM_UNITS[unit]
+
+
 def _mem_size(value: str | None) -> str | None:
-    if value is not None and not MEM_SIZE.fullmatch(value):
-        raise ValueError(f"{value!r} is not a memory size: a number of megabytes, or with a unit K, M, G or T (500G)")
+    message = mem_size_problem(value) if value is not None else None
+    if message:
+        raise ValueError(message)
     return value
 
 
@@ -221,6 +239,8 @@ class Health(Model):
     straggler_threshold: Annotated[float, Ge(0), Le(10)] = setting(
         0.2, "a rank this much slower than the median (0.2 = 20 %) is named; 0 turns it off")
     exclude_suspect_nodes: bool = setting(True, "a requeue after a hang or crash avoids the node it was on")
+    node_check: bool = setting(
+        False, "check every node (GPUs, fabric, the job folder) before a run trains on it; a failing node is avoided")
 
 
 @dataclass(frozen=True, kw_only=True)

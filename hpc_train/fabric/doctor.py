@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpc_train import contract
 from hpc_train.submission import slurm_cmd
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -300,9 +301,13 @@ def _major_minor(version: str | None) -> tuple[int, int] | None:
 
 
 def check_versions(driver_cuda: str | None, have_gpu: bool, site_modules: list[str],
-                   build: tuple[str | None, str | None] | None = None, nccl: str | None = None) -> Check:
+                   build: tuple[str | None, str | None] | None = None, nccl: str | None = None,
+                   in_job: bool = True) -> Check:
     version, torch_cuda = build if build is not None else torch_build()
     nccl = nccl if build is not None else nccl_wheel()
+    if version is None and not in_job:  # the login side never imports torch; the jobs' python must have it
+        return Check("versions", WARN, "torch is not installed in this Python (a login node needs none)",
+                     "jobs do: install torch in the python they run (the site's `python`, else this one)")
     if version is None:
         return Check("versions", FAIL, "torch is not installed in this Python", "pip install torch (the build for your CUDA)")
     parts = [f"torch {version}", f"built for CUDA {torch_cuda}" if torch_cuda else "CPU build"]
@@ -461,16 +466,17 @@ def _installed(dist: str) -> str | None:
 def check_packages(backends: Mapping[str, Any], installed: Callable[[str], str | None] = _installed) -> Check:
     ready: list[str] = []
     missing: list[str] = []
+    wanted: dict[str, None] = {}  # what the unavailable backends declare they need, in order, once each
     for name, cls in sorted(backends.items()):
-        needs = tuple(cls.requires)
-        absent = [pkg for pkg in needs if installed(pkg) is None]
+        absent = [pkg for pkg in cls.requires if installed(pkg) is None]
+        wanted.update(dict.fromkeys(absent))
         (missing if absent else ready).append(f"{name} (needs {', '.join(absent)})" if absent else name)
     summary = f"backends ready: {', '.join(ready) or 'none'}" + (f"; unavailable: {', '.join(missing)}" if missing else "")
+    install = f"pip install {' '.join(wanted)}"
     if not ready:
-        return Check("python packages", FAIL, summary, "pip install torch (and the backend's package)")
+        return Check("python packages", FAIL, summary, f"{install} (or only what the backend you use needs)")
     if missing:
-        return Check("python packages", WARN, summary,
-                     "install what a backend needs before using it (pip install deepspeed / horovod / mpi4py)")
+        return Check("python packages", WARN, summary, f"install what a backend needs before using it: {install}")
     return Check("python packages", OK, summary)
 
 
@@ -490,12 +496,15 @@ def diagnose(ctx: Context, run: Runner = run_command, sys_root: Path = Path("/sy
     code, header = run(["nvidia-smi"])
     have_gpu = code == 0
     driver_cuda = parse_smi_header(header)[1] if have_gpu else None
-    checks.append(check_versions(driver_cuda, have_gpu, list(ctx.site.modules) if ctx.site else []))
+    checks.append(check_versions(driver_cuda, have_gpu, list(ctx.site.modules) if ctx.site else [], in_job=ctx.in_job))
     checks.append(check_infiniband(ctx, sys_root))
     checks.extend(check_interfaces(ctx, sys_root))
     checks.append(check_slurm(ctx, run))
     if backends is not None:
-        checks.append(check_packages(backends))
+        packages = check_packages(backends)
+        if packages.status == FAIL and not ctx.in_job:  # no backend runs on a login node: only its jobs need them
+            packages.status = WARN
+        checks.append(packages)
     checks.append(check_site_config(ctx))
     job = os.environ.get("SLURM_JOB_ID")
     context = f"compute node (job {job})" if ctx.in_job and job else "login node" if not ctx.in_job else "compute node"
@@ -555,7 +564,7 @@ def node_report(site: str | None, partition: str | None, profile: str | None) ->
     resolved = resolve_site(site, plugins) if site else None
     ctx = context_for(resolved, partition, profile, os.environ)
     report = diagnose(ctx, backends=plugins.backends).to_dict()
-    folder = os.environ.get("HPC_TRAIN_JOB_FOLDER")
+    folder = os.environ.get(contract.ENV_JOB_FOLDER)
     if folder:
         out = Path(folder) / "doctor"
         out.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,10 +17,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from hpc_train import contract
 from hpc_train.config.errors import problems_from_validation
-from hpc_train.config.fields import field_names
+from hpc_train.config.fields import field_names, to_env
 from hpc_train.config.job import JobSpec
 from hpc_train.config.loader import ResolvedSite, display_path
-from hpc_train.config.models import Partition, SiteConfig
+from hpc_train.config.models import Partition, SiteConfig, mem_megabytes, mem_size_problem
 from hpc_train.config.slurm_time import format_slurm_time, parse_slurm_time
 from hpc_train.config.validate import ValidationError, defaults, dump, validate
 from hpc_train.errors import ConfigError, Problem, did_you_mean
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from hpc_train.plugin.manager import Plugins
 
 JOB = "<job>"  # the source name for problems in what the user passed
+USER_VAR = re.compile(r"\$(?:USER(?![A-Za-z0-9_])|\{USER\})")  # $USER or ${USER}, not $USERNAME
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class JobPlan:
     warnings: list[Problem] = field(default_factory=list)  # worth saying, not worth stopping for (render prints them)
     sweep: Any = None  # hpc_train.sweeps.arrays.ArrayPart: this script is one array of a sweep (its tasks, their overrides)
     watchdog: bool = False  # the batch script runs hpc_train.runtime.watchdog next to the step (hangs)
+    node_check: bool = False  # each node runs hpc_train.runtime.node_check before a run trains on it
     spare_nodes: int = 0  # allocated beyond ``nodes``: a failed run restarts on them inside the allocation
 
     @property
@@ -105,7 +108,23 @@ class JobPlan:
         return self.nodes * self.procs_per_node
 
 
+def _login_user() -> str | None:
+    """Who $USER means: the variable, else this account's name (cron, `su`, some containers leave USER unset)."""
+    if os.environ.get("USER"):
+        return os.environ["USER"]
+    import getpass
+
+    try:
+        return getpass.getuser() or None
+    except (KeyError, OSError):  # no passwd entry for this uid (KeyError before Python 3.13)
+        return None
+
+
 def _expand(path: str, workdir: str) -> str:
+    """A path as the job will use it, expanded here: $USER is the submitting user even where USER is unset."""
+    if not os.environ.get("USER") and USER_VAR.search(path):
+        user = _login_user()  # never None here: _check_user refused the job
+        path = USER_VAR.sub(lambda _: user or "$USER", path)
     expanded = os.path.expanduser(os.path.expandvars(path))
     return os.path.normpath(os.path.join(workdir, expanded))
 
@@ -164,12 +183,17 @@ def build_plan(
     problems = _Problems(display_path(resolved.path))
     backend, options = _backend(job, site, plugins, problems)
     res = _resources(job, site, problems)
+    tasks = backend.tasks_per_node(res.procs) if kind == "script" else res.procs
+    _check_fit(job, res, tasks, problems)
+    _check_sbatch_names(job, problems)
     selection = nccl.select(site.nccl_profiles, job.nccl_profile, res.part.nccl_profile, site.name)  # extends, +debug
     for message, hint in selection.problems:
         problems.add("nccl_profile", message, hint)
     _check_container(job, site, problems)
+    _check_user(job, resolved, problems)
     requeue = _requeue(job, site, res, problems)
     _check_spares(job, site, res, requeue, kind, problems)
+    node_check = _node_check(job, site, requeue, kind, problems)
     layout = _layout(job, res, plugins, problems)
     for message in plugins.validate_job(job, site):
         problems.add("", message, source=f"site policy ({site.name})")
@@ -178,7 +202,6 @@ def build_plan(
     names = _names(job, site, kind, function_name)
     info = _launch_info(job, site, res, names, requeue, extra_script_args, layout)
     env = _environment(job, site, res, selection, backend, options, info, plugins, layout, names, requeue)
-    tasks = backend.tasks_per_node(res.procs) if kind == "script" else res.procs
     script_job = kind == "script"
     plan = JobPlan(
         job=job, site=site, site_path=resolved.path, backend=backend, kind=kind, scheduler=site.scheduler,
@@ -188,7 +211,7 @@ def build_plan(
         directives=_directives(job, site, res, tasks, names, requeue, plugins, backend.name),
         env=sorted(env.values(), key=lambda e: e.name), nccl_profile=selection.label,
         launch=backend.launch(info) if script_job else [], requeue=requeue.enabled,
-        watchdog=script_job and _watchdog(job, site, requeue), spare_nodes=job.spare_nodes,
+        watchdog=script_job and _watchdog(job, site, requeue), spare_nodes=job.spare_nodes, node_check=node_check,
         max_restarts=job.max_restarts if job.max_restarts is not None else requeue.policy.max_restarts,
         signal=requeue.policy.signal, signal_grace=requeue.grace, on_failure=job.on_failure or requeue.policy.on_failure,
         release_held=requeue.policy.release_held, srun_args=backend.srun_args(info) if script_job else [],
@@ -241,6 +264,59 @@ def _resources(job: JobSpec, site: SiteConfig, problems: _Problems) -> _Resource
     return _Resources(part_name, part, gpus, job.procs_per_node or (gpus if gpus > 0 else 1), time_seconds)
 
 
+def _check_fit(job: JobSpec, res: _Resources, tasks: int, problems: _Problems) -> None:
+    """What the job asks of one node against what the partition's nodes have (where the site says it):
+    sbatch would queue such a job forever or refuse it, and a process beyond the GPUs shares one."""
+    part, name = res.part, res.part_name
+    gpus = min(res.gpus, part.gpus_per_node)
+    if job.procs_per_node is not None and gpus > 0 and job.procs_per_node > gpus:  # a process per GPU
+        has = f"the job has {gpus} GPUs per node (--gpus-per-node)" if job.gpus_per_node is not None and \
+            gpus < part.gpus_per_node else f"partition {name!r} has {gpus} GPUs per node"
+        problems.add("--procs-per-node", f"{job.procs_per_node} processes per node, but {has}; a job runs one "
+                     "process per GPU", f"use --procs-per-node {gpus}, or leave it out: one per GPU is the default")
+    mem_problem = mem_size_problem(job.mem) if job.mem is not None else None  # a JobSpec made without make_job
+    if mem_problem:
+        problems.add("--mem", mem_problem)
+    elif job.mem is not None and part.mem_per_node and mem_megabytes(job.mem) > mem_megabytes(part.mem_per_node):
+        problems.add("--mem", f"{job.mem} per node, but partition {name!r} has {part.mem_per_node} per node",
+                     f"use --mem {part.mem_per_node} or less, or leave it out for the partition's")
+    if job.cpus_per_task and part.cpus_per_node and job.cpus_per_task * tasks > part.cpus_per_node:
+        fits = part.cpus_per_node // tasks
+        problems.add("--cpus-per-task", f"{job.cpus_per_task} CPUs x {tasks} task(s) per node = "
+                     f"{job.cpus_per_task * tasks}, but partition {name!r} has {part.cpus_per_node} CPUs per node",
+                     f"use --cpus-per-task {fits} or fewer" if fits else "fewer processes per node")
+
+
+def _check_sbatch_names(job: JobSpec, problems: _Problems) -> None:
+    """``--sbatch NAME=...`` names an option sbatch has: it would refuse the script only at submission."""
+    if not job.sbatch:
+        return
+    from hpc_train.config.sbatch_options import unknown_option  # a job without --sbatch loads no list
+
+    for key, value in job.sbatch.items():
+        hint = unknown_option(key)
+        if hint is not None:
+            typed = key if value is True else f"{key}={value}"
+            problems.add(f"--sbatch {typed}", f"sbatch has no option --{key}", hint)
+
+
+def _check_user(job: JobSpec, resolved: ResolvedSite, problems: _Problems) -> None:
+    """A path with $USER needs a user name now: left as text it would name another folder in the job."""
+    site = resolved.config
+    paths = {f"storage.{key}": value for key, value in site.storage.items()}
+    if not job.job_root:
+        paths["job_root"] = site.job_root
+    used = {key: value for key, value in paths.items() if USER_VAR.search(value)}
+    if job.job_root and USER_VAR.search(job.job_root):
+        used["--job-root"] = job.job_root
+    if not used or _login_user() is not None:
+        return
+    for key, value in used.items():
+        source, line = (JOB, None) if key == "--job-root" else resolved.provenance.get(key, (problems.site_file, None))
+        problems.append(Problem(source, key, f"{value!r} uses $USER, but USER is not set and no user name is known "
+                                "for this account", line, "export USER=$(id -un), or write the path without $USER"))
+
+
 def _check_container(job: JobSpec, site: SiteConfig, problems: _Problems) -> None:
     if (job.container or job.container_image) and site.container.runtime == "none":
         problems.add("container", f"site {site.name!r} has no container runtime (container.runtime in the site file)")
@@ -274,6 +350,11 @@ def _check_spares(job: JobSpec, site: SiteConfig, res: _Resources, requeue: _Req
                      f"use --spare-nodes {max(res.part.max_nodes - job.nodes, 0)} or fewer")
 
 
+# torch.distributed's flight recorder, read by the hang report (hpc_train.runtime.heartbeat.flight_record): the last
+# 2,000 collectives per process group, under both names torch has used (TORCH_FR_ since 2.6)
+FLIGHT_RECORDER_ENV = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}
+
+
 def _hang_timeout(job: JobSpec, site: SiteConfig) -> float | None:
     return job.hang_timeout if job.hang_timeout is not None else site.health.hang_timeout
 
@@ -285,6 +366,18 @@ def _watchdog(job: JobSpec, site: SiteConfig, requeue: _Requeue) -> bool:
     """
     in_container = job.container if job.container is not None else (site.container.enabled or bool(job.container_image))
     return requeue.enabled and _hang_timeout(job, site) != 0 and not (in_container and site.container.runtime != "none")
+
+
+def _node_check(job: JobSpec, site: SiteConfig, requeue: _Requeue, kind: str, problems: _Problems) -> bool:
+    """Each node checks itself before a run trains on it, where a failing node can be replaced (Slurm, requeue
+    on) and the check can run with the job's python on the host (not in a container, as the watchdog)."""
+    wanted = job.node_check if job.node_check is not None else site.health.node_check
+    in_container = job.container if job.container is not None else (site.container.enabled or bool(job.container_image))
+    possible = requeue.enabled and kind == "script" and not (in_container and site.container.runtime != "none")
+    if job.node_check and not possible:
+        problems.add("node_check", "the node check replaces a failing node by a spare or a requeue: that needs a "
+                     "script job on a Slurm site with requeue on, outside a container", "drop --node-check, or add --requeue")
+    return bool(wanted and possible)
 
 
 def _health_env(job: JobSpec, site: SiteConfig, requeue: _Requeue) -> dict[str, str]:
@@ -333,7 +426,7 @@ def _launch_info(job: JobSpec, site: SiteConfig, res: _Resources, names: _Names,
         scheduler=site.scheduler, nodes=job.nodes, procs_per_node=res.procs, gpus_per_node=res.gpus,
         python=names.python, script=names.script,
         script_args=(*job.script_args, *extra_script_args),  # extra: a sweep task's overrides (Raw)
-        master_port=site.master_port, job_folder=names.job_root, cpus_per_proc=cpus, precision=job.precision,
+        master_port_base=site.master_port, job_root=names.job_root, cpus_per_proc=cpus, precision=job.precision,
         grad_accum=job.grad_accum, grad_clip=job.grad_clip,
         stop_signal=requeue.policy.signal if requeue.enabled else None,
         # what the job's processes will see that a backend may decide with: the folder the script runs in
@@ -350,51 +443,32 @@ def _environment(job: JobSpec, site: SiteConfig, res: _Resources, selection: Any
     def put(values: dict[str, Any], source: str) -> None:
         env.update({key: EnvVar(key, value, source) for key, value in values.items()})
 
+    if _watchdog(job, site, requeue):  # lowest: a site's or user's own recorder settings win
+        put(FLIGHT_RECORDER_ENV, "hpc_train (hang reports)")
     put(site.env, "site")
     put(res.part.env, f"partition {res.part_name}")
     for var_name, var_value, var_source in selection.variables:
         put({var_name: var_value}, var_source)
-    put({f"HPC_TRAIN_{key.upper()}_DIR": _expand(value, names.workdir) for key, value in site.storage.items()},
+    put({contract.storage_dir_env(key): _expand(value, names.workdir) for key, value in site.storage.items()},
         "site storage")
     put(backend.env(info), f"backend {backend.name}")
     put(plugins.job_env(job, site, backend.name), "plugins")
     if options is not None and field_names(type(backend).Options):
-        put({"HPC_TRAIN_BACKEND_OPTIONS": json.dumps(dump(options), separators=(",", ":"))}, f"backend {backend.name}")
-    put({k: v for k, v in _training_env(job).items() if v is not None}, "job")
+        put({contract.ENV_BACKEND_OPTIONS: json.dumps(dump(options), separators=(",", ":"))}, f"backend {backend.name}")
+    put(to_env(job), "job")  # the job options the runtime reads in the job: each field's setting(env=...)
     if layout is not None:
         put({LAYOUT_ENV: str(layout)}, "job")  # the runtime builds its device mesh from this
     put(dict(job.env), "job")
     put({
-        "HPC_TRAIN_SITE": site.name,
-        "HPC_TRAIN_BACKEND": backend.name,
-        "HPC_TRAIN_NODES": str(job.nodes),
-        "HPC_TRAIN_PROCS_PER_NODE": str(res.procs),
-        "HPC_TRAIN_JOB_ROOT": names.job_root,
-        **({"HPC_TRAIN_STOP_SIGNAL": requeue.policy.signal} if requeue.enabled else {}),  # the ranks save and stop on it
+        contract.ENV_SITE: site.name,
+        contract.ENV_BACKEND: backend.name,
+        contract.ENV_NODES: str(job.nodes),
+        contract.ENV_PROCS_PER_NODE: str(res.procs),
+        contract.ENV_JOB_ROOT: names.job_root,
+        **({contract.ENV_STOP_SIGNAL: requeue.policy.signal} if requeue.enabled else {}),  # the ranks save and stop on it
         **_health_env(job, site, requeue),
     }, "hpc_train")
     return env
-
-
-def _flag(value: bool | None) -> str | None:
-    return None if value is None else str(int(value))
-
-
-def _training_env(job: JobSpec) -> dict[str, str | None]:
-    """The job options the runtime reads in the job (hpc_train.runtime.options, checkpoint, metrics)."""
-    return {
-        "HPC_TRAIN_PRECISION": job.precision,
-        "HPC_TRAIN_GRAD_CLIP": None if job.grad_clip is None else repr(job.grad_clip),
-        "HPC_TRAIN_GRAD_ACCUM": None if job.grad_accum is None else str(job.grad_accum),
-        "HPC_TRAIN_COMM_HOOK": job.comm_hook,
-        "HPC_TRAIN_ACTIVATION_CHECKPOINTING": _flag(job.activation_checkpointing),
-        "HPC_TRAIN_CHECKPOINT_EVERY": None if job.checkpoint_every is None else str(job.checkpoint_every),
-        "HPC_TRAIN_KEEP_CHECKPOINTS": None if job.keep_checkpoints is None else str(job.keep_checkpoints),
-        "HPC_TRAIN_ASYNC_CHECKPOINT": _flag(job.async_checkpoint),
-        "HPC_TRAIN_RESTART_FROM_SCRATCH": _flag(job.restart_from_scratch),
-        "HPC_TRAIN_EXACT_RESUME": _flag(job.exact_resume),
-        "HPC_TRAIN_METRICS": _flag(job.metrics),
-    }
 
 
 def _directives(job: JobSpec, site: SiteConfig, res: _Resources, tasks: int, names: _Names, requeue: _Requeue,

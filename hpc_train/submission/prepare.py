@@ -6,7 +6,10 @@ checks use these; nothing here imports them back.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,11 +17,16 @@ from hpc_train.config.errors import problems_from_validation
 from hpc_train.config.job import JobSpec
 from hpc_train.config.loader import ResolvedSite, SiteRegistry, default_search_dirs
 from hpc_train.config.validate import ValidationError, validate
-from hpc_train.errors import ConfigError, ConfigWarning, HpcTrainError, Problem, TemplateError
+from hpc_train.errors import ConfigError, ConfigWarning, HpcTrainError, Problem, TemplateError, UsageError
 from hpc_train.plugin.manager import Plugins, default_plugins
 from hpc_train.submission.plan import JobPlan, build_plan
 
 JOB_SOURCE = "job options"
+LOCAL = "local"  # the core's answer when no plugin detects a site (hpc_train.plugin.manager._Defaults)
+DEFAULTS_PLUGIN = "hpc_train.defaults"  # the name the core registers that fallback under
+# where a Slurm client finds its configuration (the usual install prefixes, and configless slurmd's cache)
+SLURM_CONF_FILES = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/usr/local/etc/slurm.conf",
+                    "/run/slurm/conf/slurm.conf")
 
 
 def make_job(**options: Any) -> JobSpec:
@@ -38,12 +46,87 @@ def site_registry(plugins: Plugins) -> SiteRegistry:
     return SiteRegistry(default_search_dirs(plugins.site_dirs()), check=plugins.check_site)
 
 
-def resolve_site(name: str | None, plugins: Plugins) -> ResolvedSite:
-    if name is None:
-        import socket
+@dataclass(frozen=True)
+class SiteChoice:
+    """The site a job goes to and why: named (--site), detected by a plugin, or the fallback."""
 
-        name = plugins.detect_site(hostname=socket.gethostname(), environ=dict(os.environ))
-    return site_registry(plugins).load(name)  # a site from a plugin that failed to load is an error
+    name: str
+    why: Literal["given", "detected", "fallback"]
+    host: str = ""
+
+    def note(self) -> str | None:
+        """The line that says so, when the user did not name the site."""
+        if self.why == "detected":
+            return f"site: {self.name} (no --site given; detected for host {self.host})"
+        if self.why == "fallback":
+            return f"site: {self.name} (no --site given and no site detected for host {self.host}; say --site NAME)"
+        return None
+
+
+def choose_site(name: str | None, plugins: Plugins) -> SiteChoice:
+    if name is not None:
+        return SiteChoice(name, "given")
+    import socket
+
+    host = socket.gethostname()
+    # the plugins without the core's fallback: whether one of them knows this host is the point
+    fallback = [p for p in (plugins.pm.get_plugin(DEFAULTS_PLUGIN),) if p is not None]
+    detect = plugins.pm.subset_hook_caller("hpc_train_detect_site", remove_plugins=fallback)
+    found = detect(hostname=host, environ=dict(os.environ))
+    return SiteChoice(found, "detected", host) if found else SiteChoice(LOCAL, "fallback", host)
+
+
+def resolve_site(name: str | None, plugins: Plugins) -> ResolvedSite:
+    return site_registry(plugins).load(choose_site(name, plugins).name)  # a site from a plugin that failed to load is an error
+
+
+def slurm_here(environ: Mapping[str, str] = os.environ, exists: Callable[[str], bool] = os.path.isfile,
+               ping: Callable[[], bool] | None = None) -> str | None:
+    """Why this machine looks like a node of a Slurm cluster, or None.
+
+    A Slurm configuration file (SLURM_CONF or the usual places) is a stat away and is what every
+    Slurm command reads; a configless cluster has none on its login nodes, so where Slurm's commands
+    are installed a controller that answers `scontrol ping` within a few seconds says it instead."""
+    configured = environ.get("SLURM_CONF")
+    for path in ([configured] if configured else []) + list(SLURM_CONF_FILES):
+        if exists(path):
+            return f"{path} configures Slurm here"
+    if (ping or _controller_answers)():
+        return "a Slurm controller answers `scontrol ping`"
+    return None
+
+
+def _controller_answers() -> bool:
+    import shutil
+
+    from hpc_train.submission import slurm_cmd
+
+    if shutil.which("scontrol") is None:
+        return False
+    out = slurm_cmd.run(["scontrol", "ping"], timeout=3)
+    return out.returncode == 0 and " is UP" in out.stdout
+
+
+def site_for(job: JobSpec, plugins: Plugins, *, training: bool = False) -> ResolvedSite:
+    """The job's site, saying on stderr which one and why when the job does not name it.
+
+    The fallback ``local`` runs the job on this machine: on a cluster's login node, the login node.
+    Submitting a training script there is refused unless ``--site local`` says so (``training``);
+    rendering one is only warned about."""
+    choice = choose_site(job.site, plugins)
+    evidence = slurm_here() if choice.why == "fallback" and choice.name == LOCAL else None
+    if evidence and training:
+        raise UsageError(f"no --site given and no site detected for host {choice.host}: the job would train on "
+                         f"this machine (site local), but this is a Slurm node ({evidence})",
+                         hint="say --site NAME for the cluster (`python -m hpc_train sites` lists them), "
+                              "or --site local to train on this machine anyway")
+    note = choice.note()
+    if note:
+        print(note, file=sys.stderr)
+    if evidence:
+        warnings.warn(f"site local runs the job on this machine, a Slurm node ({evidence}); submit refuses it "
+                      "without --site local: say --site NAME for the cluster", ConfigWarning, stacklevel=2)
+    return site_registry(plugins).load(choice.name)
 
 
 def check_script(job: JobSpec) -> None:
@@ -102,10 +185,11 @@ def plan_job(
     plugins: Plugins | None = None,
     kind: Literal["script", "function"] = "script",
     function_name: str | None = None,
+    submitting: bool = False,
 ) -> JobPlan:
     """Find the site, check the script, plan: the steps ``render`` takes, in its order."""
     plugins = plugins or default_plugins()
-    resolved = resolve_site(job.site, plugins)
+    resolved = site_for(job, plugins, training=submitting and kind == "script")
     if kind == "script":
         check_script(job)
     return checked_plan(job, resolved, plugins, kind=kind, function_name=function_name)

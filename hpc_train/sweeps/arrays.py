@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpc_train import contract
 from hpc_train.errors import SchedulerError, UsageError
 from hpc_train.plugin.backend import Raw
 from hpc_train.submission import slurm_cmd
@@ -38,8 +39,8 @@ if TYPE_CHECKING:
 KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 DEFAULT_MAX_ARRAY_SIZE = 1001  # Slurm's default when the configuration does not say
 ARGS_WORD = Raw('"${hpc_train_sweep_args[@]}"')  # the task's overrides, after the user's script arguments
-ENV_PREFIX = "HPC_TRAIN_SWEEP_"
-RESERVED_ENV = {ENV_PREFIX + "TASK", ENV_PREFIX + "FOLDER", ENV_PREFIX + "OVERRIDES"}
+ENV_PREFIX = contract.ENV_SWEEP_PREFIX
+RESERVED_ENV = {contract.ENV_SWEEP_TASK, contract.ENV_SWEEP_FOLDER, contract.ENV_SWEEP_OVERRIDES}
 
 Overrides = dict[str, str]
 
@@ -157,26 +158,27 @@ class ArrayPart:
         self.lines = self._lines()
 
     def _lines(self) -> list[str]:
+        task_var, folder_var, job_var = contract.ENV_SWEEP_TASK, contract.ENV_SWEEP_FOLDER, contract.ENV_JOB_FOLDER
         lines = [
             f"# sweep task {self.tasks[0]}..{self.tasks[-1]} of {len(self.overrides)}: the array index picks one; its overrides",
-            "# reach the script as arguments and as HPC_TRAIN_SWEEP_* (all of them as JSON in HPC_TRAIN_SWEEP_OVERRIDES)",
+            f"# reach the script as arguments and as {ENV_PREFIX}* (all of them as JSON in {contract.ENV_SWEEP_OVERRIDES})",
             'case "${SLURM_ARRAY_TASK_ID}" in',
         ]
         for index, task in enumerate(self.tasks):
             values = self.overrides[task]
             args = [word for key, value in values.items() for word in (f"--{key}", value)]
             env = [f"{env_name(k)}={quote(v)}" for k, v in values.items()]
-            env.append(f"HPC_TRAIN_SWEEP_OVERRIDES={quote(json.dumps(values, sort_keys=False))}")
-            lines.append(f"    {index}) HPC_TRAIN_SWEEP_TASK={task}; hpc_train_sweep_args=({join(args)}); "
+            env.append(f"{contract.ENV_SWEEP_OVERRIDES}={quote(json.dumps(values, sort_keys=False))}")
+            lines.append(f"    {index}) {task_var}={task}; hpc_train_sweep_args=({join(args)}); "
                          f"export {' '.join(env)} ;;")
         lines += [
             '    *) echo "hpc_train: array index ${SLURM_ARRAY_TASK_ID} is not part of this sweep" >&2; exit 1 ;;',
             "esac",
-            f"export HPC_TRAIN_SWEEP_TASK HPC_TRAIN_SWEEP_FOLDER={quote(self.folder)}",
-            'export HPC_TRAIN_JOB_FOLDER="${HPC_TRAIN_SWEEP_FOLDER}/${HPC_TRAIN_SWEEP_TASK}"',
-            'mkdir -p "${HPC_TRAIN_JOB_FOLDER}"',
+            f"export {task_var} {folder_var}={quote(self.folder)}",
+            f'export {job_var}="${{{folder_var}}}/${{{task_var}}}"',
+            f'mkdir -p "${{{job_var}}}"',
             "# srun names its logs by array id and index only: a link leads them into the task's folder",
-            'ln -sfn "../${HPC_TRAIN_SWEEP_TASK}" "${HPC_TRAIN_SWEEP_FOLDER}/slurm/${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
+            f'ln -sfn "../${{{task_var}}}" "${{{folder_var}}}/slurm/${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}"',
         ]
         return lines
 
@@ -207,15 +209,16 @@ def new_folder(job_root: str) -> Path:
 
 
 def sweep_plan(job: JobSpec, plugins: Plugins) -> JobPlan:
-    from hpc_train.submission.plan import build_plan
-    from hpc_train.submission.prepare import check_script, resolve_site, warn_about
+    """The plan every array of the sweep shares, checked as ``render`` and ``submit`` check a job
+    (prepare.checked_plan, in render's order), so a sweep fails as the single job would."""
+    from hpc_train.submission.prepare import check_script, checked_plan, site_for, warn_about
 
+    resolved = site_for(job, plugins, training=True)
     check_script(job)
     if "array" in job.sbatch:
         raise UsageError("--sbatch array=... conflicts with the sweep, which sets the array itself",
                          hint="use --max-concurrent N for a concurrency limit")
-    resolved = resolve_site(job.site, plugins)
-    plan = build_plan(job, resolved, plugins, extra_script_args=(ARGS_WORD,))
+    plan = checked_plan(job, resolved, plugins, extra_script_args=(ARGS_WORD,))
     warn_about(plan)
     if plan.scheduler != "slurm":
         raise UsageError(f"site {plan.site.name!r} runs jobs on this machine; sweeps are Slurm job arrays",

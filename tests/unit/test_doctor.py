@@ -132,6 +132,29 @@ def test_version_matching(build, driver_cuda, gpu, status):
     assert doctor.check_versions(driver_cuda, gpu, [], build=build, nccl="2.21.5").status == status
 
 
+def test_missing_torch_is_a_warning_on_a_login_node_and_a_failure_in_a_job():
+    login = doctor.check_versions(None, False, [], build=(None, None), in_job=False)
+    assert login.status == WARN and "a login node needs none" in login.summary and "the site's `python`" in login.fix
+    assert doctor.check_versions(None, False, [], build=(None, None), in_job=True).status == FAIL
+
+
+def test_doctor_on_a_login_node_without_torch_passes_with_warnings(plugins, monkeypatch):
+    monkeypatch.setattr(doctor, "torch_build", lambda: (None, None))
+
+    def not_installed(dist):
+        raise doctor.importlib.metadata.PackageNotFoundError(dist)
+
+    monkeypatch.setattr(doctor.importlib.metadata, "version", not_installed)  # no torch, so no backend is ready
+    backends = {name: plugins.backend(name) for name in ("torchrun", "mpi")}
+    no_gpu = lambda cmd: (None, "")  # noqa: E731  (nvidia-smi and sinfo not found)
+    login = by_name(doctor.diagnose(Context(), run=no_gpu, sys_root=Path("/nonexistent"), backends=backends).checks)
+    assert login["versions"].status == WARN and login["python packages"].status == WARN
+    assert FAIL not in {c.status for c in login.values()}  # `doctor` exits 0
+    in_job = doctor.diagnose(Context(in_job=True), run=no_gpu, sys_root=Path("/nonexistent"), backends=backends)
+    assert by_name(in_job.checks)["versions"].status == FAIL and by_name(in_job.checks)["python packages"].status == FAIL
+    assert in_job.status == FAIL
+
+
 def test_site_nccl_module_that_torch_ignores_is_a_warning():
     check = doctor.check_versions("12.2", True, ["cuda/12.1", "nccl/2.18.3"], build=("2.3.0+cu121", "12.1"), nccl="2.20.5")
     assert check.status == WARN and "nccl/2.18.3" in check.fix
@@ -208,6 +231,9 @@ def test_packages_per_backend(plugins):
         requires = ("torch", "mine-framework")
 
     assert "mine (needs mine-framework)" in doctor.check_packages({"mine": Mine}, installed=have.get).summary
+    # the hint installs what the backends declare, not a list of built-in names
+    fix = doctor.check_packages({**builtins, "mine": Mine}, installed=have.get).fix
+    assert fix is not None and fix.endswith("pip install deepspeed mine-framework")
 
 
 def test_doctor_cli_on_this_machine_without_gpu(python_env):

@@ -206,3 +206,109 @@ def test_python_submit_refuses_a_bare_number_before_submitting(tmp_path, monkeyp
     (tmp_path / "train.py").write_text("")
     with pytest.raises(ConfigError, match="time=3600 is ambiguous"):
         hpc_train.submit("train.py", site="sandbox", nodes=1, time=3600)
+
+
+def test_procs_per_node_beyond_the_gpus_names_both_numbers_and_the_right_value(plugins):
+    with pytest.raises(ConfigError) as info:
+        plan(plugins, procs_per_node=16)
+    [problem] = info.value.problems
+    assert problem.key == "--procs-per-node"
+    assert "16 processes per node, but partition 'a100' has 8 GPUs per node" in problem.message
+    assert problem.hint.startswith("use --procs-per-node 8")
+    with pytest.raises(ConfigError, match="the job has 4 GPUs per node") as info:
+        plan(plugins, gpus_per_node=4, procs_per_node=8)
+    assert "use --procs-per-node 4" in str(info.value)
+    assert plan(plugins, procs_per_node=4).procs_per_node == 4  # fewer processes than GPUs: the job's choice
+    assert plan(plugins, site="sandbox", procs_per_node=3).procs_per_node == 3  # a CPU partition has no such rule
+
+
+def test_mem_and_cpus_beyond_the_partitions_nodes(plugins):
+    with pytest.raises(ConfigError) as info:
+        plan(plugins, mem="2T", cpus_per_task=200)
+    problems = {p.key: p for p in info.value.problems}
+    assert problems["--mem"].message == "2T per node, but partition 'a100' has 1000G per node"
+    assert problems["--mem"].hint.startswith("use --mem 1000G or less")
+    assert "200 CPUs x 1 task(s) per node = 200, but partition 'a100' has 128 CPUs per node" in problems["--cpus-per-task"].message
+    assert problems["--cpus-per-task"].hint == "use --cpus-per-task 128 or fewer"
+    with pytest.raises(ConfigError, match="20 CPUs x 8 task") as info:  # mpi: one task per process
+        plan(plugins, backend="mpi", cpus_per_task=20)
+    assert "use --cpus-per-task 16 or fewer" in str(info.value)
+    fits = plan(plugins, backend="mpi", cpus_per_task=16, mem="1000000")  # megabytes: under 1000G
+    assert ("cpus-per-task", 16) in fits.directives and ("mem", "1000000") in fits.directives
+    assert plan(plugins, site="sandbox", mem="999T").job.mem == "999T"  # no memory figure in the site: no check
+
+
+@pytest.mark.parametrize("value, fragment", [
+    ("lots", "'lots' is not a memory size: a number of megabytes (64000), or one with a unit K, M, G or T (500G)"),
+    ("5 GB", "did you mean '5G'?"),
+    ("1.5G", "'1.5G' is not a memory size"),
+])
+def test_an_unparsable_mem_names_the_accepted_forms(plugins, value, fragment):
+    from hpc_train.config.job import JobSpec
+
+    with pytest.raises(ConfigError) as info:
+        make_job(script="train.py", mem=value)
+    assert "--mem" in str(info.value) and fragment in str(info.value)
+    # a JobSpec made directly (hpc_train.sweep takes one) gets the same check from the plan
+    job = JobSpec(site="bluecloud", script="train.py", workdir="/home/alice/project", mem=value)
+    with pytest.raises(ConfigError) as info:
+        build_plan(job, load_site("bluecloud"), plugins)
+    assert info.value.problems[0].key == "--mem" and fragment in str(info.value)
+
+
+@pytest.mark.parametrize("sbatch, shown, hint", [
+    ({"mail-tipe": "END"}, "<job>: --sbatch mail-tipe=END: sbatch has no option --mail-tipe", "did you mean --mail-type?"),
+    ({"exclusiv": True}, "<job>: --sbatch exclusiv: sbatch has no option --exclusiv", "did you mean --exclusive?"),
+    ({"zzzz": "1"}, "<job>: --sbatch zzzz=1: sbatch has no option --zzzz", "`man sbatch` lists its options"),
+])
+def test_an_unknown_sbatch_option_suggests_the_closest(plugins, sbatch, shown, hint):
+    with pytest.raises(ConfigError) as info:
+        plan(plugins, sbatch=sbatch)
+    assert str(info.value).startswith(shown) and info.value.problems[0].hint == hint
+
+
+def test_known_sbatch_options_pass(plugins):
+    p = plan(plugins, sbatch={"mail-type": "END", "exclusive": True, "tres-per-task": "cpu:2", "mem-per-gpu": "40G"})
+    assert {"mail-type", "exclusive", "tres-per-task", "mem-per-gpu"} <= dict(p.directives).keys()
+
+
+def test_user_in_site_paths_falls_back_to_the_account_name(plugins, monkeypatch):
+    import getpass
+
+    monkeypatch.delenv("USER", raising=False)
+    monkeypatch.setattr(getpass, "getuser", lambda: "alice")
+    env = {e.name: e.value for e in plan(plugins).env}
+    assert env["HPC_TRAIN_CHECKPOINTS_DIR"] == "/shared/checkpoints/alice"  # bluecloud: /shared/checkpoints/$USER
+    monkeypatch.delenv("USER_DIR", raising=False)
+    p = plan(plugins, job_root="/scratch/${USER}/$USER_DIR")
+    assert p.job_root == "/scratch/alice/$USER_DIR"  # another variable, unset: left as it is
+
+
+def test_user_unknown_names_the_site_file_key(plugins, monkeypatch):
+    import getpass
+
+    def no_user() -> str:
+        raise KeyError("getpwuid(): uid not found: 4242")
+
+    monkeypatch.setenv("USER", "")
+    monkeypatch.setattr(getpass, "getuser", no_user)
+    with pytest.raises(ConfigError) as info:
+        plan(plugins)
+    [problem] = info.value.problems
+    assert problem.source.endswith("bluecloud.yaml") and problem.key == "storage.checkpoints" and problem.line == 13
+    assert "'/shared/checkpoints/$USER' uses $USER, but USER is not set" in problem.message
+    assert "export USER=$(id -un)" in problem.hint
+    with pytest.raises(ConfigError, match="--job-root"):
+        plan(plugins, site="sandbox", job_root="/scratch/$USER")
+    assert plan(plugins, site="sandbox").job_root == "/tmp/hpc_train-sandbox/jobs"  # no $USER: no user needed
+
+
+def test_the_node_check_runs_where_a_failing_node_can_be_replaced(plugins):
+    from hpc_train.errors import ConfigError
+    from hpc_train.testing import plan_job
+
+    assert plan_job(plugins, "sandbox", node_check=True).node_check
+    assert not plan_job(plugins, "sandbox").node_check  # opt-in: the site's health.node_check is off
+    with pytest.raises(ConfigError) as caught:
+        plan_job(plugins, "sandbox", node_check=True, requeue=False)
+    assert "node_check" in str(caught.value) and "requeue" in str(caught.value)

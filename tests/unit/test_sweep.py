@@ -205,3 +205,27 @@ def test_each_array_of_a_split_sweep_waits_only_for_the_one_before(tmp_path: Pat
     deps = [re.findall(r"#SBATCH --dependency=(\S+)", (tmp_path / "scripts" / f"{n}.sh").read_text()) for n in range(101, 105)]
     assert deps == [[], ["afterany:101"], ["afterany:102"], ["afterany:103"]]  # not the 1st, 2nd and 3rd
     assert plan.directives == before and plan.sweep is None  # the plan itself is left as it was
+
+
+@pytest.mark.parametrize("site_text, options, fragment", [
+    (None, {"nodes": 9}, "allows at most 3 nodes, 9 requested"),
+    # only the shared check (prepare.checked_plan) looks at a backend the job does not use, and at the template
+    ("extends: sandbox\nbackends:\n  deepspeed:\n    stagee: 2\n", {}, "backends.deepspeed.stagee: unknown key"),
+    ("extends: sandbox\ntemplate: nope.sh.j2\n", {}, "template 'nope.sh.j2' not found"),
+    (None, {"sbatch": {"mail-tipe": "END"}}, "did you mean --mail-type?"),
+])
+def test_a_sweep_fails_before_submitting_with_the_message_render_gives(tmp_path, site_dir, plugins, monkeypatch,
+                                                                        site_text, options, fragment):
+    import hpc_train.sweeps.submit as sweep_submit
+    from hpc_train.api import render, sweep
+
+    site = "sandbox" if site_text is None else str(write(site_dir / "strict.yaml", site_text))
+    script = str(write(tmp_path / "train.py", "print('hi')\n"))
+    options = {"site": site, "job_root": str(tmp_path / "jobs"), **options}
+    monkeypatch.setattr(sweep_submit, "submit_arrays", lambda *a, **k: pytest.fail("the sweep was submitted"))
+    with pytest.raises(ConfigError) as single:
+        render(script, plugins=plugins, **options)
+    with pytest.raises(ConfigError) as swept:
+        sweep(script, over={"lr": [1, 2]}, plugins=plugins, **options)
+    assert fragment in str(single.value) and str(swept.value) == str(single.value)
+    assert not (tmp_path / "jobs").exists()  # refused before any folder was made
