@@ -75,6 +75,7 @@ bench: install
 	$(PY) bench/runtime_overhead.py --hidden 1024
 	$(PY) bench/checkpoint.py
 	$(PY) bench/metrics_overhead.py
+	$(PY) bench/flight_recorder.py
 
 # benchmarks that need the Slurm sandbox (started here, left up)
 bench-cluster: system-deps install

@@ -12,7 +12,7 @@ found through the ``hpc_train`` entry-point group. Implement with::
         return [MyBackend]
 
 Site scoping: the per-job hooks (``validate_job``, ``sbatch_directives``, ``job_env``,
-``template_context``, ``template_dirs``, ``after_submit``) of a plugin that serves particular sites
+``template_context``, ``template_dirs``, ``after_submit``, ``node_suspect``) of a plugin that serves particular sites
 are called only for jobs on those sites. A plugin serves the sites it names in
 ``hpc_train_site_names``; without that hook, the sites whose files it ships through
 ``hpc_train_site_dirs``; a plugin with neither applies to every site.
@@ -47,6 +47,7 @@ SITE_SCOPED_HOOKS = (
     "hpc_train_job_env",
     "hpc_train_template_context",
     "hpc_train_after_submit",
+    "hpc_train_node_suspect",
 )
 
 
@@ -172,3 +173,14 @@ def hpc_train_cli_commands() -> list[CliCommand]:
     earlier plugin is skipped with a warning naming both; a plugin whose commands fail to register
     is reported on stderr and ``--help`` keeps working.
     """
+
+
+@hookspec
+def hpc_train_node_suspect(site: str, node: str, reason: str, job_id: str | None, job_folder: Path) -> None:
+    """Called in the job, on the batch node, each time hpc_train names a node as the cause of a failed run
+    (a hang, the first ranks to fail, a failed node check at start-up), before the next run avoids it.
+
+    Admins drain or report the node here (draining takes an operator's rights: a site plugin may call its
+    own service instead). Results are ignored; an exception is logged and changes nothing for the job.
+    """
+

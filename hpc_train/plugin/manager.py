@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pluggy
 
+from hpc_train import contract
 from hpc_train.errors import PluginError, UnknownNameError
 from hpc_train.plugin import hookspecs
 from hpc_train.plugin.entry_points import entry_points
@@ -295,6 +296,10 @@ class Plugins:
     def after_submit(self, handle: JobHandle, plan: JobPlan) -> None:
         self._hook("hpc_train_after_submit", plan.site)(handle=handle, plan=plan)
 
+    def node_suspect(self, site: str, node: str, reason: str, job_id: str | None, job_folder: Path) -> None:
+        self._hook("hpc_train_node_suspect", site)(site=site, node=node, reason=reason, job_id=job_id,
+                                                   job_folder=job_folder)
+
     def cli_commands(self, on_error: Callable[[str], None]) -> list[tuple[str, CliCommand]]:
         """(plugin name, command) for each plugin subcommand; problems go to ``on_error``, never raise."""
         out: list[tuple[str, CliCommand]] = []
@@ -319,7 +324,7 @@ def _describe(exc: BaseException) -> str:
 
 def disabled_plugins(environ: Mapping[str, str] | None = None) -> set[str]:
     environ = os.environ if environ is None else environ
-    return {name.strip() for name in environ.get("HPC_TRAIN_DISABLE_PLUGINS", "").split(",") if name.strip()}
+    return {name.strip() for name in environ.get(contract.ENV_DISABLE_PLUGINS, "").split(",") if name.strip()}
 
 
 def get_plugin_manager(

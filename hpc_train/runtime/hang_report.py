@@ -1,7 +1,8 @@
 """Who is behind in a hang: read the ranks' heartbeats and stacks, name the rank(s) and host(s).
 
 Pure functions over what the watchdog collected, so the rule is tested without a hang. The order of
-evidence: a rank that never beat; a rank with fewer steps than the others; a rank that did not answer
+evidence: a rank that never beat; a rank with fewer steps than the others; a rank that has not entered
+a collective its peers wait in (the flight recorder's sequence numbers); a rank that did not answer
 the request for stacks (stopped, or holding the GIL); a rank whose main thread is not waiting on the
 others (not inside a collective or backward) while they are.
 """
@@ -47,7 +48,8 @@ def waiting(frames: list[str]) -> bool:
     return any(_WAITING.search(frame) for frame in frames)
 
 
-def behind(beats: dict[int, dict[str, Any]], world: int, dumps: dict[int, str]) -> list[Culprit]:
+def behind(beats: dict[int, dict[str, Any]], world: int, dumps: dict[int, str],
+           flight: dict[int, dict[str, Any]] | None = None) -> list[Culprit]:
     """The ranks holding the others up; [] when the evidence does not single anyone out."""
     missing = [rank for rank in range(world) if rank not in beats]
     if missing and len(missing) < world:
@@ -57,6 +59,9 @@ def behind(beats: dict[int, dict[str, Any]], world: int, dumps: dict[int, str]) 
     if low < high:
         return [_culprit(r, beats, dumps, f"stopped at step {low} of this run; the others reached {high}")
                 for r in sorted(steps) if steps[r] == low]
+    lagging = behind_in_collectives(flight or {})
+    if lagging:
+        return [_culprit(r, beats, dumps, why) for r, why in sorted(lagging.items())]
     silent = [rank for rank in beats if rank not in dumps]
     if silent and len(silent) < len(beats):
         return [_culprit(r, beats, dumps, "did not answer the request for stacks (stopped, or stuck holding the GIL)")
@@ -66,6 +71,32 @@ def behind(beats: dict[int, dict[str, Any]], world: int, dumps: dict[int, str]) 
     if busy and len(busy) < len(stacks):
         return [_culprit(r, beats, dumps, "not inside the collective the others wait in") for r in sorted(busy)]
     return []
+
+
+def last_collectives(record: dict[str, Any]) -> dict[str, tuple[int, str]]:
+    """From one rank's flight record: per process group, the newest collective it entered (number, name)."""
+    newest: dict[str, tuple[int, str]] = {}
+    for entry in record.get("entries") or []:
+        if not isinstance(entry, dict) or entry.get("is_p2p"):
+            continue
+        group = entry.get("process_group") or ["?"]
+        name, seq = str(group[0]), int(entry.get("collective_seq_id") or 0)
+        if seq > newest.get(name, (-1, ""))[0]:
+            newest[name] = (seq, str(entry.get("profiling_name") or "collective"))
+    return newest
+
+
+def behind_in_collectives(flight: dict[int, dict[str, Any]]) -> dict[int, str]:
+    """Ranks that have not entered a collective their peers in the same process group have: the others
+    wait inside it for them (the flight recorder's sequence numbers, hpc_train.runtime.heartbeat)."""
+    newest = {rank: last_collectives(record) for rank, record in flight.items()}
+    for group in sorted({g for groups in newest.values() for g in groups}):
+        seqs = {rank: groups[group] for rank, groups in newest.items() if group in groups}
+        top = max(seqs.values())
+        if len(seqs) > 1 and min(seqs.values())[0] < top[0]:
+            return {rank: f"has not entered collective #{top[0]} ({top[1]}, process group {group}) that the others "
+                          f"wait in; its last was #{seq}" for rank, (seq, _) in seqs.items() if seq < top[0]}
+    return {}
 
 
 def _culprit(rank: int, beats: dict[int, dict[str, Any]], dumps: dict[int, str], reason: str) -> Culprit:

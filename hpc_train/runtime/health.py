@@ -18,17 +18,16 @@ Torch-free and quick: it runs on the batch node between the runs.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from hpc_train import contract
+from hpc_train import contract, scontrol
 from hpc_train.runtime.checkpoint import committed
 from hpc_train.runtime.hang_report import first_failures
+from hpc_train.runtime.suspects import NODE_CHECK_REASON, read_suspects, record_suspect
 from hpc_train.runtime.watchdog import log, read_beats
 
 
@@ -59,31 +58,25 @@ def no_progress(job_folder: Path, run: int) -> str | None:
             "a crash loop would only use up the restart budget and queue time")
 
 
-def suspects(job_folder: Path) -> list[dict[str, object]]:
-    found = []
-    try:
-        for line in (job_folder / contract.SUSPECT_NODES).read_text().splitlines():
-            record = json.loads(line)
-            found.append(record)
-    except (OSError, ValueError):
-        pass
-    return found
+def node_check_failed(job_folder: Path, run: int) -> set[str]:
+    """The nodes that failed this run's node check (hpc_train.runtime.node_check): the run never trains on them."""
+    return {str(s["node"]) for s in read_suspects(job_folder)
+            if s.get("run") == run and str(s.get("reason", "")).startswith(NODE_CHECK_REASON)}
 
 
-def name_crash_culprit(job_folder: Path, heartbeats: Path | None, run: int) -> None:
-    if heartbeats is None or any(s.get("run") == run for s in suspects(job_folder)):
-        return  # the watchdog named this run's suspect already
+def name_crash_culprit(job_folder: Path, heartbeats: Path | None, run: int, environ: Mapping[str, str]) -> None:
+    if heartbeats is None or any(s.get("run") == run for s in read_suspects(job_folder)):
+        return  # the watchdog (or the node check) named this run's suspect already
     culprits = first_failures(read_beats(heartbeats, run))
     for host in sorted({c.host for c in culprits}):
         log(f"run {run}: the ranks on {host} failed first ({', '.join(str(c.rank) for c in culprits)})")
-        with open(job_folder / contract.SUSPECT_NODES, "a") as out:
-            out.write(json.dumps({"node": host, "run": run, "reason": "failed first", "at": time.time()}) + "\n")
+        record_suspect(job_folder, host, run, "failed first", environ)
 
 
 def partition_nodes(job_id: str) -> tuple[int, int, set[str]] | None:
     """(nodes the job needs, nodes in its partition, nodes it already excludes) from the controller."""
-    info = _fields(["scontrol", "show", "job", "-o", job_id])
-    part = _fields(["scontrol", "show", "partition", "-o", info.get("Partition", "")]) if info else {}
+    info = scontrol.show("job", job_id)
+    part = scontrol.show("partition", info.get("Partition", "")) if info else {}
     try:
         needed, total = int(info["NumNodes"].split("-")[0]), int(part["TotalNodes"])
     except (KeyError, ValueError):
@@ -94,7 +87,7 @@ def partition_nodes(job_id: str) -> tuple[int, int, set[str]] | None:
 
 def plan_exclusion(job_folder: Path, job_id: str | None) -> str | None:
     """The ExcNodeList for the next run: every suspect so far, if the partition can still place the job."""
-    nodes = {str(s["node"]) for s in suspects(job_folder)}
+    nodes = {str(s["node"]) for s in read_suspects(job_folder)}
     if not nodes or not job_id:
         return None
     known = partition_nodes(job_id)
@@ -111,38 +104,33 @@ def plan_exclusion(job_folder: Path, job_id: str | None) -> str | None:
 
 def step_nodes(job_folder: Path, environ: Mapping[str, str], anyway: bool = False) -> list[str] | None:
     """The nodes of the allocation the next step runs on: the first N not suspect; None if too few are
-    left, unless ``anyway`` (a run's first step: the allocation is what Slurm gave, suspects and all)."""
-    needed = int(environ.get("HPC_TRAIN_NODES") or 1)
+    left, unless ``anyway`` (a run's first step: the allocation is what Slurm gave, suspects and all --
+    but never a node that failed this run's node check)."""
+    needed = int(environ.get(contract.ENV_NODES) or 1)
     try:
         out = subprocess.run(["scontrol", "show", "hostnames", environ.get("SLURM_JOB_NODELIST", "")],
                              capture_output=True, text=True, timeout=30, env={**os.environ, **environ})
     except (OSError, subprocess.TimeoutExpired):
         return None
     allocated = out.stdout.split()
-    avoid = {str(s["node"]) for s in suspects(job_folder)}
+    avoid = {str(s["node"]) for s in read_suspects(job_folder)}
     healthy = [node for node in allocated if node not in avoid]
     if len(healthy) < needed:
         log(f"{len(healthy)} of the allocation's {len(allocated)} nodes are not suspect; the run needs {needed}")
-        if not anyway or len(allocated) < needed:
+        run = int(environ.get(contract.ENV_RUN) or 1)
+        usable = healthy + [n for n in allocated if n in avoid and n not in node_check_failed(job_folder, run)]
+        if not anyway or len(usable) < needed:
             return None
-        return (healthy + [node for node in allocated if node in avoid])[:needed]
+        return usable[:needed]
     return healthy[:needed]
-
-
-def _fields(command: list[str]) -> dict[str, str]:
-    try:
-        out = subprocess.run(command, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    first = out.stdout.splitlines()[0] if out.returncode == 0 and out.stdout else ""
-    return dict(word.split("=", 1) for word in first.split() if "=" in word)
 
 
 def after_failure(job_folder: Path, run: int, environ: Mapping[str, str]) -> None:
     heartbeats = Path(environ[contract.ENV_HEARTBEATS]) if environ.get(contract.ENV_HEARTBEATS) else None
-    name_crash_culprit(job_folder, heartbeats, run)
-    reason = no_progress(job_folder, run)
-    no_retry = environ.get("HPC_TRAIN_NO_RETRY_FILE")
+    name_crash_culprit(job_folder, heartbeats, run, environ)
+    # a run stopped by its node check never trained: it says nothing about progress
+    reason = None if node_check_failed(job_folder, run) else no_progress(job_folder, run)
+    no_retry = environ.get(contract.ENV_NO_RETRY_FILE)
     if reason and no_retry and not os.path.exists(no_retry):
         Path(no_retry).write_text(reason + "\n")
     exclude = job_folder / contract.EXCLUDE_NODES
@@ -158,10 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("what", choices=["start", "failed", "nodes"])
     parser.add_argument("--anyway", action="store_true", help="nodes: suspects too, when the healthy ones are too few")
     args = parser.parse_args(argv)
-    if not os.environ.get("HPC_TRAIN_JOB_FOLDER"):
-        log(f"health {args.what}: HPC_TRAIN_JOB_FOLDER is not set: not inside an hpc_train batch script")
+    if not os.environ.get(contract.ENV_JOB_FOLDER):
+        log(f"health {args.what}: {contract.ENV_JOB_FOLDER} is not set: not inside an hpc_train batch script")
         return 1 if args.what == "nodes" else 0
-    job_folder, run = Path(os.environ["HPC_TRAIN_JOB_FOLDER"]), int(os.environ.get("HPC_TRAIN_RUN") or 1)
+    job_folder, run = Path(os.environ[contract.ENV_JOB_FOLDER]), int(os.environ.get(contract.ENV_RUN) or 1)
     try:
         if args.what == "nodes":  # prints the step's nodes; exit 1 when the healthy ones are too few
             nodes = step_nodes(job_folder, os.environ, anyway=args.anyway)

@@ -15,6 +15,7 @@ import faulthandler
 import json
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -26,6 +27,9 @@ from hpc_train import contract
 # shared file system (1,000 ranks: 500 renames a second); hang timeouts are 10 s and up.
 POLL_S = 2.0
 REQUEST = "request"  # the watchdog creates <dumps>/run-R/request; each rank answers with rank-N.txt
+FLIGHT_RECORD_SUFFIX = ".fr.json"  # ... and rank-N.fr.json, its flight recorder's collectives
+# the recorder's ring buffer size: TORCH_FR_ since torch 2.6, the NCCL name before (the plan sets both)
+FLIGHT_RECORDER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 
 
 def dump_folder(job_folder: Path, run: int) -> Path:
@@ -53,10 +57,10 @@ class Heartbeat:
     @classmethod
     def from_env(cls, rank: int, environ: Mapping[str, str] | None = None) -> Heartbeat | None:
         env = os.environ if environ is None else environ
-        folder, job_folder = env.get(contract.ENV_HEARTBEATS), env.get("HPC_TRAIN_JOB_FOLDER")
+        folder, job_folder = env.get(contract.ENV_HEARTBEATS), env.get(contract.ENV_JOB_FOLDER)
         if not folder or not job_folder:
             return None
-        run = int(env.get("HPC_TRAIN_RUN") or 1)
+        run = int(env.get(contract.ENV_RUN) or 1)
         try:
             return cls(Path(folder), rank, run, dump_folder(Path(job_folder), run))
         except OSError:
@@ -107,6 +111,8 @@ class Heartbeat:
             pass  # a full disk: the watchdog sees an old beat, which is what it would see of a hang
 
     def _dump(self) -> bool:
+        # the flight record first: the watchdog reads once every rank's stacks file is there
+        flight_record(self.dumps / f"rank-{self.rank}{FLIGHT_RECORD_SUFFIX}")
         target = self.dumps / f"rank-{self.rank}.txt"
         try:
             with open(target, "w") as out:
@@ -117,3 +123,28 @@ class Heartbeat:
         except OSError:
             pass
         return True
+
+
+def flight_record(target: Path) -> bool:
+    """torch.distributed's flight recorder, as JSON: the last collectives of each process group this rank
+    entered, with their sequence numbers and states (on by TORCH_FR_BUFFER_SIZE; gloo and NCCL alike).
+
+    Asked from this thread while the main one waits inside a collective: the recorder has its own lock.
+    JSON, not the pickle torch also offers: the login side reads these files, and unpickling runs code.
+    """
+    if "torch.distributed" not in sys.modules or not any(os.environ.get(v) for v in FLIGHT_RECORDER_VARS):
+        return False
+    try:
+        import torch.distributed as dist
+        from torch._C._distributed_c10d import _dump_fr_trace_json  # type: ignore[attr-defined]  # private, no stub
+
+        if not dist.is_initialized():
+            return False
+        data = _dump_fr_trace_json()
+    except Exception:  # an older torch, a backend without a recorder: the stacks are still there
+        return False
+    try:
+        target.write_bytes(data if isinstance(data, bytes) else str(data).encode())
+    except OSError:
+        return False
+    return True

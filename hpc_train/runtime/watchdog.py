@@ -27,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from hpc_train import contract
-from hpc_train.runtime.hang_report import Culprit, behind
-from hpc_train.runtime.heartbeat import REQUEST, dump_folder
+from hpc_train.runtime.hang_report import Culprit, behind, main_stack
+from hpc_train.runtime.heartbeat import FLIGHT_RECORD_SUFFIX, REQUEST, dump_folder
+from hpc_train.runtime.outside_stacks import dump_from_outside
+from hpc_train.runtime.suspects import record_suspect
 
 # A learned timeout never goes below this: a synchronous checkpoint save of a large model, or an
 # evaluation that does not go through the prepared model, may take minutes. Killing a healthy run
@@ -37,6 +39,8 @@ FLOOR_S = 300.0
 K = 20.0  # x the step time: far beyond any step's jitter, yet minutes, not hours, for a slow model
 START_S = 900.0  # before the first step: imports, compilation, data loading
 POLL_S = 1.0
+# py-spy, one srun step per rank, in turn: a second or two each; the culprits are few, a whole silent job is not
+OUTSIDE_MAX = 8
 DUMP_WAIT_S = 5.0  # how long the ranks get to write their stacks (a stopped one never does)
 
 
@@ -55,11 +59,11 @@ class Settings:
         env = os.environ if environ is None else environ
         raw = (env.get(contract.ENV_HANG_TIMEOUT) or "").strip()
         return cls(
-            job_folder=Path(env["HPC_TRAIN_JOB_FOLDER"]), heartbeats=Path(env[contract.ENV_HEARTBEATS]),
-            run=int(env.get("HPC_TRAIN_RUN") or 1),
-            world=int(env.get("HPC_TRAIN_NODES") or 1) * int(env.get("HPC_TRAIN_PROCS_PER_NODE") or 1),
+            job_folder=Path(env[contract.ENV_JOB_FOLDER]), heartbeats=Path(env[contract.ENV_HEARTBEATS]),
+            run=int(env.get(contract.ENV_RUN) or 1),
+            world=int(env.get(contract.ENV_NODES) or 1) * int(env.get(contract.ENV_PROCS_PER_NODE) or 1),
             timeout=float(raw) if raw else None,
-            stop_file=Path(env["HPC_TRAIN_STOP_FILE"]) if env.get("HPC_TRAIN_STOP_FILE") else None,
+            stop_file=Path(env[contract.ENV_STOP_FILE]) if env.get(contract.ENV_STOP_FILE) else None,
             job_id=env.get("SLURM_JOB_ID"))
 
 
@@ -129,6 +133,18 @@ def watch(settings: Settings, step_alive: Any, now: Any = time.time) -> dict[str
     return None
 
 
+def flight_records(folder: Path, ranks: Any) -> dict[int, dict[str, Any]]:
+    records = {}
+    for rank in ranks:
+        try:
+            record = json.loads((folder / f"rank-{rank}{FLIGHT_RECORD_SUFFIX}").read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict):
+            records[rank] = record
+    return records
+
+
 def collect_dumps(settings: Settings, beats: dict[int, dict[str, Any]]) -> tuple[Path, dict[int, str]]:
     folder = dump_folder(settings.job_folder, settings.run)
     folder.mkdir(parents=True, exist_ok=True)
@@ -146,6 +162,27 @@ def collect_dumps(settings: Settings, beats: dict[int, dict[str, Any]]) -> tuple
     return folder, dumps
 
 
+def read_silent_ranks(settings: Settings, beats: dict[int, dict[str, Any]], dumps: dict[int, str], folder: Path,
+                      culprits: list[Culprit]) -> None:
+    """Stacks of the ranks that did not answer (stopped, or holding the GIL), read from outside with py-spy;
+    they go beside the others' and into the culprits' report, the verdict stays the one the answers gave."""
+    silent = [(rank, beat) for rank, beat in sorted(beats.items())
+              if rank not in dumps and beat.get("pid") and beat.get("host")]
+    if len(silent) > OUTSIDE_MAX:
+        log(f"hang: {len(silent)} ranks did not answer; reading the stacks of the first {OUTSIDE_MAX} from outside")
+    for rank, beat in silent[:OUTSIDE_MAX]:
+        stacks, how = dump_from_outside(str(beat["host"]), int(beat["pid"]), settings.job_id)
+        if stacks is None:
+            log(f"hang: no stacks of rank {rank}: {how}")
+            continue
+        with contextlib.suppress(OSError):
+            (folder / f"rank-{rank}.txt").write_text(f"rank {rank} on {beat['host']} (pid {beat['pid']}), no answer "
+                                                     f"from inside; {how}\n{stacks}")
+        for culprit in culprits:
+            if culprit.rank == rank and not culprit.top:
+                culprit.top = main_stack(stacks)[:3]
+
+
 def report(settings: Settings, hang: dict[str, Any], folder: Path, culprits: list[Culprit]) -> None:
     beats = hang.pop("beats")
     record = {**hang, "at": time.time(), "dumps": str(folder), "culprits": [c.as_dict() for c in culprits],
@@ -156,8 +193,10 @@ def report(settings: Settings, hang: dict[str, Any], folder: Path, culprits: lis
     hosts = {c.host for c in culprits if c.host != "?"}
     if hosts and len(hosts) < len({b.get("host") for b in beats.values()}):
         for host in sorted(hosts):
-            _append(settings.job_folder / contract.SUSPECT_NODES,
-                    {"node": host, "run": settings.run, "reason": "hang", "at": time.time()})
+            try:
+                record_suspect(settings.job_folder, host, settings.run, "hang", os.environ)
+            except OSError as exc:
+                log(f"could not name {host} a suspect: {exc}")
     log(f"hang in run {settings.run}: no rank active for {hang['quiet_s']:.0f} s "
         f"(limit {hang['limit_s']:g} s, {hang['limit']}); stacks in {folder}")
     for c in culprits:
@@ -214,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         folder, dumps = collect_dumps(settings, hang["beats"])
-        culprits = behind(hang["beats"], settings.world, dumps)
+        culprits = behind(hang["beats"], settings.world, dumps, flight_records(folder, hang["beats"]))
+        read_silent_ranks(settings, hang["beats"], dumps, folder, culprits)
         report(settings, hang, folder, culprits)
     except OSError as exc:  # a report that cannot be written never hides the hang
         log(f"hang in run {settings.run}; its report could not be written: {exc}")

@@ -4,6 +4,7 @@ stopped with SIGSTOP), a node where training fails at start, a crash loop."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 
@@ -56,12 +57,17 @@ def test_a_hung_rank_is_named_and_the_run_restarts_elsewhere_from_its_checkpoint
     assert hang["limit"] == "--hang-timeout" and HANG_TIMEOUT <= hang["quiet_s"] <= HANG_TIMEOUT + 5, hang
     dumps = Path(hang["dumps"])
     assert waiting(main_stack((dumps / "rank-0.txt").read_text()))  # rank 0 waits for rank 1
-    if how == "sleep":  # the blocked rank answered: its stack shows where it is stuck
-        assert "not inside the collective" in hang["culprits"][0]["reason"]
+    reason = hang["culprits"][0]["reason"]
+    if how == "sleep":  # the blocked rank answered: its stack shows where it is stuck, its flight record how far
+        assert reason.startswith("has not entered collective #") and "that the others wait in" in reason, reason
+        assert json.loads((dumps / "rank-1.fr.json").read_text())["entries"]
         assert "faulty_train.py" in (dumps / "rank-1.txt").read_text()
-    else:  # a stopped process cannot answer; its heartbeat stopped with it (often a beat behind the others)
-        reason = hang["culprits"][0]["reason"]
-        assert not (dumps / "rank-1.txt").exists() and ("did not answer" in reason or "stopped at step" in reason)
+    else:  # a stopped process cannot answer (its heartbeat stopped with it, often a beat behind the others):
+        # py-spy read its stacks from outside
+        assert "did not answer" in reason or "stopped at step" in reason, reason
+        stopped = (dumps / "rank-1.txt").read_text()
+        assert "no answer from inside; read by py-spy" in stopped and "faulty_train.py" in stopped, stopped
+        assert hang["culprits"][0]["top"], hang
     assert f"hang: rank 1 on {hung_host}" in text, text[-3000:]
 
     # the restart avoided the node (inside the allocation with a spare, else by the requeue's exclusion),
@@ -104,3 +110,42 @@ def test_a_crash_loop_ends_at_the_first_restart_that_makes_no_progress(slurm_clu
     assert state(job) == "FAILED", text[-3000:]
     assert runs == 2, text[-3000:]  # run 1 failed, its restart failed at the same place: no third try
     assert "failed without getting past the start" in text and "not requeueing" in text, text[-3000:]
+
+
+@pytest.fixture
+def read_only_on_n2(slurm_cluster, sandbox_job_root):
+    """The job root read-only on node n2 alone, as a shared file system mounted read-only (or gone stale
+    and remounted so) on one node is: a bind mount made read-only inside n2's mount namespace."""
+    pid = (slurm_cluster.sandbox_dir / "run" / "slurmd-n2.pid").read_text().strip()
+    root = str(sandbox_job_root)
+    subprocess.run(["nsenter", "--target", pid, "--mount", "sh", "-c",
+                    f'mount --bind "{root}" "{root}" && mount -o remount,bind,ro "{root}"'], check=True)
+    try:
+        probe = subprocess.run(["nsenter", "--target", pid, "--mount", "touch", f"{root}/probe"], capture_output=True)
+        assert probe.returncode != 0 and not (sandbox_job_root / "probe").exists(), "the bind mount is not read-only"
+        yield "n2"
+    finally:
+        subprocess.run(["nsenter", "--target", pid, "--mount", "umount", "-l", root], check=False)
+
+
+@pytest.mark.parametrize("spares", [1, 0])
+def test_a_node_that_fails_its_check_at_start_up_is_never_trained_on(read_only_on_n2, sandbox_job_root, spares):
+    # Slurm fills the lowest-numbered idle nodes first: n2 is in the job's first allocation
+    job = submit(sandbox_job_root, "torchrun", "--node-check", "--spare-nodes", str(spares), steps=40)
+    wait_for(lambda: finished(job), 300, "the job with a bad node to finish", release=job)
+    folder = sandbox_job_root / job
+    text = log_text(sandbox_job_root, job)
+    assert state(job) == "COMPLETED", text[-3000:]
+    [suspect] = records(folder / "suspect_nodes.jsonl")
+    assert suspect["node"] == read_only_on_n2 and suspect["run"] == 1, suspect
+    assert suspect["reason"].startswith("node check: job folder: cannot write") and "Read-only" in suspect["reason"]
+    assert f"node check: {read_only_on_n2} failed: job folder" in text, text[-3000:]
+    runs = int((folder / "runs").read_text())
+    trained = hosts(sandbox_job_root, job, runs)
+    assert read_only_on_n2 not in trained and len(trained) == 2, trained
+    if spares:  # the spare took its place before training: one run, no requeue
+        assert runs == 1 and "requeueing" not in text, text[-3000:]
+        assert "node check: 2 of 3 nodes passed; run 1 avoids n2" in text, text[-3000:]
+    else:  # nothing trained on the first allocation; the requeue excluded the node
+        assert runs == 2 and not hosts(sandbox_job_root, job, 1), text[-3000:]
+        assert "run 1 does not start: a node failed its check" in text and f"the next run avoids {read_only_on_n2}" in text

@@ -41,9 +41,11 @@ export NCCL_NET_GDR_LEVEL=PHB  # nccl profile ib-hdr
 export NCCL_SOCKET_IFNAME=ib0  # nccl profile ib-hdr
 export OMP_NUM_THREADS=16  # backend mpi
 export PYTHONUNBUFFERED=1  # site
+export TORCH_FR_BUFFER_SIZE=2000  # hpc_train (hang reports)
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1  # nccl profile ib-hdr (from safe)
 export TORCH_NCCL_ENABLE_MONITORING=1  # nccl profile ib-hdr (from safe)
 export TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC=600  # nccl profile ib-hdr (from safe)
+export TORCH_NCCL_TRACE_BUFFER_SIZE=2000  # hpc_train (hang reports)
 # every Python of the job, plain scripts too, lets torch's communication threads finish before it
 # exits (hpc_train/runtime/boot): found where the job's python has hpc_train, without importing it
 if hpc_train_pkg=$(/opt/venv/bin/python -c 'import importlib.util as u; print(u.find_spec("hpc_train").submodule_search_locations[0])' 2>/dev/null); then

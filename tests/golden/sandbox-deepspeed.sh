@@ -28,7 +28,9 @@ export HPC_TRAIN_STOP_SIGNAL=USR2  # hpc_train
 export HPC_TRAIN_STRAGGLER_THRESHOLD=0.2  # hpc_train
 export OMP_NUM_THREADS=4  # backend deepspeed
 export PYTHONUNBUFFERED=1  # site
+export TORCH_FR_BUFFER_SIZE=2000  # hpc_train (hang reports)
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1  # site
+export TORCH_NCCL_TRACE_BUFFER_SIZE=2000  # hpc_train (hang reports)
 # every Python of the job, plain scripts too, lets torch's communication threads finish before it
 # exits (hpc_train/runtime/boot): found where the job's python has hpc_train, without importing it
 if hpc_train_pkg=$(/opt/venv/bin/python -c 'import importlib.util as u; print(u.find_spec("hpc_train").submodule_search_locations[0])' 2>/dev/null); then

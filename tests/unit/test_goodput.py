@@ -18,7 +18,7 @@ import pytest
 from hpc_train import contract
 from hpc_train.jobs import goodput
 from hpc_train.jobs.handle import JobRecord
-from hpc_train.runtime import health, metrics, straggler, watchdog
+from hpc_train.runtime import health, metrics, straggler, suspects, watchdog
 from hpc_train.runtime.checkpoint import COMMIT
 from hpc_train.runtime.hang_report import Culprit
 from tests.conftest import REPO
@@ -45,7 +45,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch):
     fake = Clock()
-    for module in (metrics, straggler, watchdog, health):
+    for module in (metrics, straggler, watchdog, suspects):
         monkeypatch.setattr(module, "time", fake)
     return fake
 
@@ -242,7 +242,7 @@ def test_a_crash_restarted_inside_the_allocation_costs_no_queue_wait(tmp_path, c
     for rank, host, error in ((0, "n1", "DistBackendError: peer gone"), (1, "n2", "RuntimeError: CUDA error: ECC")):
         (beats / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "run": 1, "host": host, "steps": 15,
                                                              "at": clock.t + rank * -0.5, "state": "failed", "error": error}))
-    health.name_crash_culprit(tmp_path, beats, 1)  # the failure path names n2 as it does in the job
+    health.name_crash_culprit(tmp_path, beats, 1, {})  # the failure path names n2 as it does in the job
     batch_log(tmp_path, "77", "run 1 failed (exit 1); restarting inside the allocation", stream="err")
     run_begins(tmp_path, clock, 2)
     train(tmp_path, clock, run=2, steps=30, start_step=10, slow_rank=1.8)

@@ -99,3 +99,27 @@ def test_no_failure_names_no_node():
 def test_a_lone_host_is_not_blamed_for_its_own_job():
     beats = {0: beat(0, "n1", state="failed", at=1.0, error="RuntimeError: x"), 1: beat(1, "n1", at=2.0)}
     assert first_failures(beats) == []
+
+
+def _record(*entries: tuple[str, int, str]) -> dict:
+    return {"entries": [{"process_group": [group, "pg"], "collective_seq_id": seq, "profiling_name": name,
+                         "is_p2p": False} for group, seq, name in entries]}
+
+
+def test_the_flight_recorder_names_ranks_behind_in_one_process_group():
+    from hpc_train.runtime.hang_report import behind_in_collectives
+
+    flight = {0: _record(("0", 41, "nccl:all_reduce"), ("1", 7, "nccl:all_gather")),
+              1: _record(("0", 41, "nccl:all_reduce"), ("1", 6, "nccl:all_gather")),
+              2: _record(("0", 41, "nccl:all_reduce"))}  # not in group 1 at all: not compared there
+    assert behind_in_collectives(flight) == {
+        1: "has not entered collective #7 (nccl:all_gather, process group 1) that the others wait in; its last was #6"}
+
+
+def test_equal_flight_records_or_point_to_point_only_name_nobody():
+    from hpc_train.runtime.hang_report import behind_in_collectives
+
+    assert behind_in_collectives({0: _record(("0", 9, "a")), 1: _record(("0", 9, "a"))}) == {}
+    p2p = {"entries": [{"process_group": ["0", "pg"], "collective_seq_id": 0, "is_p2p": True, "p2p_seq_id": 3}]}
+    assert behind_in_collectives({0: p2p, 1: _record(("0", 2, "a"))}) == {}
+    assert behind_in_collectives({}) == {}

@@ -64,3 +64,14 @@ def test_every_exception_is_still_needed():
     # an exception nothing triggers any more hides the next real finding with that code
     seen = {f"SC{c['code']}" for path in GOLDENS for c in findings(path, [])}
     assert set(EXCEPTIONS) <= seen, f"no golden script triggers {sorted(set(EXCEPTIONS) - seen)}: drop them"
+
+
+@pytest.mark.parametrize("options", [{"node_check": True}, {"node_check": True, "spare_nodes": 1}])
+def test_the_node_check_paths_pass_shellcheck_too(plugins, tmp_path, options):
+    # not in a golden script (off by default): rendered here with it on, with and without spares
+    from hpc_train.testing import render_job
+
+    script = tmp_path / "job.sh"
+    script.write_text(render_job(plugins, "sandbox", nodes=2, **options))
+    assert "-m hpc_train.runtime.node_check || hpc_train_node_failed=1" in script.read_text()
+    assert findings(script, sorted(EXCEPTIONS)) == []

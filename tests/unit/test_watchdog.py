@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -57,6 +58,65 @@ def test_a_blocked_run_is_declared_hung_with_stacks_and_ended(tmp_path):
         assert "in <module>" in (Path(hang["dumps"]) / f"rank-{rank}.txt").read_text()
     assert "hang in run 1: no rank active" in out.stderr
     assert (tmp_path / "hang_run").read_text().strip() == "1"
+
+
+def test_a_stopped_rank_is_named_and_its_stacks_read_from_outside(tmp_path):
+    ranks = start_ranks(tmp_path, "hang")
+    beat = tmp_path / "heartbeats" / "rank-1.json"
+    deadline = time.time() + 30
+    while time.time() < deadline and json.loads(beat.read_text() if beat.exists() else '{"steps": 0}')["steps"] < 30:
+        time.sleep(0.1)
+    os.kill(ranks[1].pid, signal.SIGSTOP)  # it can never answer from inside now
+    try:
+        out = subprocess.run([sys.executable, "-m", "hpc_train.runtime.watchdog", "--step-pid", str(ranks[0].pid)],
+                             env=env(tmp_path, "3"), capture_output=True, text=True, timeout=90)
+    finally:
+        ranks[1].kill()
+        ranks[0].kill()
+    [hang] = [json.loads(line) for line in (tmp_path / "hangs.jsonl").read_text().splitlines()]
+    [culprit] = hang["culprits"]
+    assert culprit["rank"] == 1 and culprit["reason"].startswith("did not answer"), (culprit, out.stderr)
+    assert culprit["top"] and culprit["top"][0].endswith("in <module>"), culprit  # its sleep, read by py-spy
+    text = (Path(hang["dumps"]) / "rank-1.txt").read_text()
+    assert "no answer from inside; read by py-spy" in text and "read by py-spy):" in text, text
+
+
+# two gloo ranks with the flight recorder on; rank 1 stops calling collectives after 5, rank 0 waits in the 6th
+COLLECTIVES = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    import torch, torch.distributed as dist
+    from hpc_train.runtime.heartbeat import Heartbeat, dump_folder
+    job, rank = Path(sys.argv[1]), int(sys.argv[2])
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    beat = Heartbeat(job / "heartbeats", rank, 1, dump_folder(job, 1), poll_s=0.2)
+    t = torch.ones(4)
+    for _ in range(5):
+        dist.all_reduce(t)
+    beat.beat()
+    if rank == 1:
+        time.sleep(1000)  # inside the script's own code: busy, in the stacks' terms, like a slow data loader
+    dist.all_reduce(t)
+""")
+
+
+def test_the_flight_recorder_names_the_rank_that_has_not_entered_the_collective(tmp_path):
+    environ = {**env(tmp_path, "3"), "TORCH_FR_BUFFER_SIZE": "100", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(29400 + os.getpid() % 500)}
+    ranks = [subprocess.Popen([sys.executable, "-c", COLLECTIVES, str(tmp_path), str(r)], env=environ) for r in (0, 1)]
+    try:
+        out = subprocess.run([sys.executable, "-m", "hpc_train.runtime.watchdog", "--step-pid", str(ranks[0].pid)],
+                             env=environ, capture_output=True, text=True, timeout=120)
+    finally:
+        for rank in ranks:
+            rank.kill()
+    [hang] = [json.loads(line) for line in (tmp_path / "hangs.jsonl").read_text().splitlines()]
+    [culprit] = hang["culprits"]
+    assert culprit["rank"] == 1, (hang["culprits"], out.stderr)
+    assert culprit["reason"] == ("has not entered collective #6 (gloo:all_reduce, process group 0) that the others "
+                                 "wait in; its last was #5"), culprit
+    record = json.loads((Path(hang["dumps"]) / "rank-0.fr.json").read_text())
+    assert record["entries"][-1]["profiling_name"] == "gloo:all_reduce"
 
 
 def test_a_run_that_finishes_is_left_alone(tmp_path):
