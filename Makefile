@@ -48,6 +48,7 @@ demo: install
 # fast, first: lint and types (configured in pyproject.toml)
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
 test: install lint system-deps backends

@@ -86,9 +86,17 @@ def measure(megabytes: int, repeats: int, root: Path) -> dict[str, float]:
         restore.append(time.perf_counter() - start)
         ckpt.close()
     on_disk = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**30
-    return {"MiB": size, "plain": statistics.median(plain), "sync": statistics.median(sync),
-            "async_blocked": statistics.median(blocked), "async_committed": statistics.median(committed), "async_first": first,
-            "verify": statistics.median(verify), "restore": statistics.median(restore), "GiB": on_disk}
+    return {
+        "MiB": size,
+        "plain": statistics.median(plain),
+        "sync": statistics.median(sync),
+        "async_blocked": statistics.median(blocked),
+        "async_committed": statistics.median(committed),
+        "async_first": first,
+        "verify": statistics.median(verify),
+        "restore": statistics.median(restore),
+        "GiB": on_disk,
+    }
 
 
 def hash_rates(megabytes: int = 256, repeats: int = 3) -> dict[str, float]:
@@ -101,7 +109,7 @@ def hash_rates(megabytes: int = 256, repeats: int = 3) -> dict[str, float]:
             h = hashlib.new(name)
             start = time.perf_counter()
             for i in range(0, len(data), 8 << 20):
-                h.update(data[i:i + (8 << 20)])
+                h.update(data[i : i + (8 << 20)])
             times.append(time.perf_counter() - start)
         rates[name] = len(data) / min(times) / 1e9
     return rates
@@ -116,22 +124,28 @@ def main() -> None:
     root = Path(args.folder or tempfile.mkdtemp(prefix="hpc_train-ckpt-bench-"))
     root.mkdir(parents=True, exist_ok=True)
     try:
-        print(f"{'model':>9} {'torch.save':>11} {'sync save':>10} {'async blocks':>13} {'async done':>11} "
-              f"{'1st async':>10} {'async/sync':>11} {'sync/plain':>11}")
+        print(
+            f"{'model':>9} {'torch.save':>11} {'sync save':>10} {'async blocks':>13} {'async done':>11} "
+            f"{'1st async':>10} {'async/sync':>11} {'sync/plain':>11}"
+        )
         results = []
         for megabytes in (int(s) for s in args.sizes.split(",")):
             r = measure(megabytes, args.repeats, root)
             results.append(r)
             ratio = r["async_blocked"] / r["sync"]
-            print(f"{r['MiB']:>6.0f}MiB {r['plain']:>10.3f}s {r['sync']:>9.3f}s {r['async_blocked']:>12.3f}s "
-                  f"{r['async_committed']:>10.3f}s {r['async_first']:>9.3f}s {ratio:>11.3f} {r['sync'] / r['plain']:>11.2f}"
-                  f"  {'met' if ratio <= TARGET else 'NOT met'} (target async/sync <= {TARGET})")
+            print(
+                f"{r['MiB']:>6.0f}MiB {r['plain']:>10.3f}s {r['sync']:>9.3f}s {r['async_blocked']:>12.3f}s "
+                f"{r['async_committed']:>10.3f}s {r['async_first']:>9.3f}s {ratio:>11.3f} {r['sync'] / r['plain']:>11.2f}"
+                f"  {'met' if ratio <= TARGET else 'NOT met'} (target async/sync <= {TARGET})"
+            )
         rates = hash_rates()
         print("\ndigest in memory: " + ", ".join(f"{name} {rate:.2f} GB/s" for name, rate in rates.items()))
         print(f"{'model':>9} {'on disk':>9} {'verify':>9} {'per GiB':>9} {'restore':>9} {'verify/restore':>15}")
         for r in results:
-            print(f"{r['MiB']:>6.0f}MiB {r['GiB'] * 1024:>6.0f}MiB {r['verify']:>8.3f}s {r['verify'] / r['GiB']:>8.3f}s "
-                  f"{r['restore']:>8.3f}s {r['verify'] / r['restore']:>15.2f}")
+            print(
+                f"{r['MiB']:>6.0f}MiB {r['GiB'] * 1024:>6.0f}MiB {r['verify']:>8.3f}s {r['verify'] / r['GiB']:>8.3f}s "
+                f"{r['restore']:>8.3f}s {r['verify'] / r['restore']:>15.2f}"
+            )
     finally:
         if not args.folder:
             shutil.rmtree(root, ignore_errors=True)

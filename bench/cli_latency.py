@@ -85,8 +85,10 @@ def main() -> None:
     print(f"{'command':<48} {'median s':>9} {'min s':>7} {'modules':>8}")
     print(f"{'hpc_train render (bluecloud, 4x8)':<48} {m_ours:>9.3f} {min(t_ours):>7.3f} {n_ours:>8}")
     print(f"{'torchx run --dryrun -s slurm dist.ddp -j 4x8':<48} {m_theirs:>9.3f} {min(t_theirs):>7.3f} {n_theirs:>8}")
-    print(f"{'hpc_train render, its caches off (first run)':<48} {m_cold:>9.3f} {min(t_cold):>7.3f} {n_cold:>8}"
-          f"   ({m_cold / m_theirs:.2f} of torchx)")
+    print(
+        f"{'hpc_train render, its caches off (first run)':<48} {m_cold:>9.3f} {min(t_cold):>7.3f} {n_cold:>8}"
+        f"   ({m_cold / m_theirs:.2f} of torchx)"
+    )
     print(f"ratio hpc_train/torchx: {ratio:.2f} (target <= {TARGET}) -> {'met' if ratio <= TARGET else 'NOT met'}")
 
 

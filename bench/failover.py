@@ -35,11 +35,41 @@ SCRIPT = REPO / "tests" / "e2e" / "faulty_train.py"
 
 
 def submit(job_root: Path, spares: int, hang_timeout: int) -> str:
-    out = subprocess.run([sys.executable, "-m", "hpc_train", "submit", "--site", "sandbox", "--job-root", str(job_root),
-                          "--nodes", "2", "--procs-per-node", "1", "--parsable", "--checkpoint-every", "20",
-                          "--hang-timeout", str(hang_timeout), "--spare-nodes", str(spares), str(SCRIPT), "--",
-                          "--steps", "120", "--hang", "1:60", "--step-seconds", "0.02"],
-                         capture_output=True, text=True, cwd=REPO, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpc_train",
+            "submit",
+            "--site",
+            "sandbox",
+            "--job-root",
+            str(job_root),
+            "--nodes",
+            "2",
+            "--procs-per-node",
+            "1",
+            "--parsable",
+            "--checkpoint-every",
+            "20",
+            "--hang-timeout",
+            str(hang_timeout),
+            "--spare-nodes",
+            str(spares),
+            str(SCRIPT),
+            "--",
+            "--steps",
+            "120",
+            "--hang",
+            "1:60",
+            "--step-seconds",
+            "0.02",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
+    )
     return out.stdout.strip()
 
 
@@ -80,8 +110,10 @@ def main() -> None:
                 wait(job)
                 results[label].append(timings(Path(root) / job))
     for label, rows in results.items():
-        print(f"{label:>22}: detection {statistics.median(r[0] for r in rows):5.1f} s "
-              f"(timeout {args.hang_timeout} s), fault to training again {statistics.median(r[1] for r in rows):6.1f} s")
+        print(
+            f"{label:>22}: detection {statistics.median(r[0] for r in rows):5.1f} s "
+            f"(timeout {args.hang_timeout} s), fault to training again {statistics.median(r[1] for r in rows):6.1f} s"
+        )
     inside = statistics.median(r[1] for r in results["inside the allocation"])
     requeue = statistics.median(r[1] for r in results["requeue"])
     print(f"ratio inside / requeue: {inside / requeue:.3f} (target <= 0.25; inside target <= 15 s)")

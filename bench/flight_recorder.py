@@ -53,8 +53,10 @@ def main() -> int:
         on.append(per_call(2000, args.calls))
     base, recorded = statistics.median(off), statistics.median(on)
     print(f"all_reduce of 1000 floats, gloo, 1 process: recorder off {base * 1e6:.1f} us, on {recorded * 1e6:.1f} us")
-    print(f"flight recorder: +{(recorded - base) * 1e6:.1f} us per collective (ratio {recorded / base:.2f} on this "
-          "worst case: a tiny collective)")
+    print(
+        f"flight recorder: +{(recorded - base) * 1e6:.1f} us per collective (ratio {recorded / base:.2f} on this "
+        "worst case: a tiny collective)"
+    )
     return 0
 
 

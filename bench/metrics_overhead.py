@@ -38,10 +38,19 @@ def make_model(kind: str, width: int):
     nn = torch.nn
     if kind == "cnn":
         # a small CIFAR-10 classifier: three conv blocks and a linear head (0.3 M parameters at width 64)
-        return nn.Sequential(nn.Conv2d(3, width // 2, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                             nn.Conv2d(width // 2, width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                             nn.Conv2d(width, 2 * width, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                             nn.Flatten(), nn.Linear(2 * width, 10))
+        return nn.Sequential(
+            nn.Conv2d(3, width // 2, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(width // 2, width, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(width, 2 * width, 3, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(2 * width, 10),
+        )
     # an MNIST-sized MLP, 784 -> width -> width -> 10: little compute per parameter, the worst case
     return nn.Sequential(nn.Linear(784, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
 
@@ -83,8 +92,10 @@ def worker(args: argparse.Namespace) -> None:
     batches = [(example_input(args.model, args.batch), torch.randint(0, 10, (args.batch,))) for _ in range(args.steps)]
     loss_fn = torch.nn.CrossEntropyLoss()
     folder = tempfile.mkdtemp(prefix="hpc_train-metrics-bench-")
-    recorders = {"on": MetricsRecorder(Path(folder, "on"), rank=ctx.rank, world_size=ctx.world_size),
-                 "straggler": MetricsRecorder(Path(folder, "straggler"), rank=ctx.rank, world_size=ctx.world_size)}
+    recorders = {
+        "on": MetricsRecorder(Path(folder, "on"), rank=ctx.rank, world_size=ctx.world_size),
+        "straggler": MetricsRecorder(Path(folder, "straggler"), rank=ctx.rank, world_size=ctx.world_size),
+    }
     recorders["straggler"].attach(ctx.runtime)  # as in a job: the monitor gathers through the runtime
     monitor = recorders["straggler"].straggler
     assert monitor is not None and recorders["on"].straggler is None
@@ -127,7 +138,7 @@ def worker(args: argparse.Namespace) -> None:
         for i in range(0, len(batches), turn):
             shift = (i // turn + b) % len(CONFIGS)
             for config in CONFIGS[shift:] + CONFIGS[:shift]:
-                for xb, yb in batches[i:i + turn]:
+                for xb, yb in batches[i : i + turn]:
                     times[config].append(run(config, xb, yb))
     windows = monitor._count // monitor.window - windows_before
     for recorder in recorders.values():
@@ -145,32 +156,35 @@ def worker(args: argparse.Namespace) -> None:
     ctx.shutdown()
 
 
-def report(args: argparse.Namespace, world: int, steps: int, windows: int, window: int, stats: list[float],
-           folder: str) -> None:
+def report(args: argparse.Namespace, world: int, steps: int, windows: int, window: int, stats: list[float], folder: str) -> None:
     off, on, strag, c_off, c_on, c_strag, w_on, w_strag, g, cw_on, cw_strag, cg = stats
     with open(os.path.join(folder, "straggler", "steps.jsonl")) as f:
         lines = f.readlines()
     ranks_lines = sum('"event": "ranks"' in line or '"event":"ranks"' in line for line in lines)
     params = sum(p.numel() for p in make_model(args.model, args.width).parameters())
-    print(f"{args.model} width {args.width} ({params / 1e6:.2f} M parameters), batch {args.batch}, "
-          f"{world} processes, {args.blocks} x {args.steps} steps each way, in turns of 5")
+    print(
+        f"{args.model} width {args.width} ({params / 1e6:.2f} M parameters), batch {args.batch}, "
+        f"{world} processes, {args.blocks} x {args.steps} steps each way, in turns of 5"
+    )
     print(f"{'median per step':<40} {'wall ms':>10} {'CPU ms':>10}")
     print(f"{'metrics off':<40} {off * 1e3:>10.3f} {c_off * 1e3:>10.3f}")
     print(f"{'metrics on, step path':<40} {on * 1e3:>10.3f} {c_on * 1e3:>10.3f}")
     print(f"{'  + writes (flush), per step':<40} {w_on * 1e3:>10.3f} {cw_on * 1e3:>10.3f}")
     print(f"{'metrics + stragglers, step path':<40} {strag * 1e3:>10.3f} {c_strag * 1e3:>10.3f}")
     print(f"{'  + writes (flush), per step':<40} {w_strag * 1e3:>10.3f} {cw_strag * 1e3:>10.3f}")
-    print(f"{f'  + gathers ({windows} of {window} steps), per step':<40} "
-          f"{g * 1e3:>10.3f} {cg * 1e3:>10.3f}")
+    print(f"{f'  + gathers ({windows} of {window} steps), per step':<40} {g * 1e3:>10.3f} {cg * 1e3:>10.3f}")
     total_on, total_strag = on + w_on, strag + w_strag + g
     cpu_on, cpu_strag = c_on + cw_on, c_strag + cw_strag + cg
-    for label, wall, cpu in (("metrics on / off", total_on / off, cpu_on / c_off),
-                             ("metrics + stragglers / off", total_strag / off, cpu_strag / c_off)):
+    for label, wall, cpu in (
+        ("metrics on / off", total_on / off, cpu_on / c_off),
+        ("metrics + stragglers / off", total_strag / off, cpu_strag / c_off),
+    ):
         for name, ratio in (("wall", wall), ("CPU", cpu)):
-            print(f"ratio {label}, {name:>4} time: {ratio:.3f} (target <= {TARGET}) -> "
-                  f"{'met' if ratio <= TARGET else 'NOT met'}")
-    print(f"straggler detection alone (stragglers / on): wall {total_strag / total_on:.3f}, CPU {cpu_strag / cpu_on:.3f}; "
-          f"gathers alone: {g / off * 100:.3f}% of a step")
+            print(f"ratio {label}, {name:>4} time: {ratio:.3f} (target <= {TARGET}) -> {'met' if ratio <= TARGET else 'NOT met'}")
+    print(
+        f"straggler detection alone (stragglers / on): wall {total_strag / total_on:.3f}, CPU {cpu_strag / cpu_on:.3f}; "
+        f"gathers alone: {g / off * 100:.3f}% of a step"
+    )
     print(f"[{len(lines)} JSON lines ({ranks_lines} per-rank windows) written to {folder}/straggler]")
 
 
@@ -190,9 +204,20 @@ def main() -> None:
         return
     env = {**os.environ, "OMP_NUM_THREADS": "1", STRAGGLER_WINDOW: str(args.straggler_window)}
     env.pop(STRAGGLER_THRESHOLD, None)  # the default threshold: detection on
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", __file__, "--worker",
-           f"--model={args.model}", f"--steps={args.steps}", f"--blocks={args.blocks}", f"--width={args.width}",
-           f"--batch={args.batch}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        __file__,
+        "--worker",
+        f"--model={args.model}",
+        f"--steps={args.steps}",
+        f"--blocks={args.blocks}",
+        f"--width={args.width}",
+        f"--batch={args.batch}",
+    ]
     raise SystemExit(subprocess.call(cmd, env=env))
 
 

@@ -92,8 +92,18 @@ def main() -> None:
         worker(args)
         return
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", __file__, "--worker",
-           f"--steps={args.steps}", f"--blocks={args.blocks}", f"--hidden={args.hidden}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        __file__,
+        "--worker",
+        f"--steps={args.steps}",
+        f"--blocks={args.blocks}",
+        f"--hidden={args.hidden}",
+    ]
     raise SystemExit(subprocess.call(cmd, env=env))
 
 

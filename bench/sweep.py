@@ -41,8 +41,12 @@ def raw_sbatch(folder: Path, n: int, size: int) -> tuple[float, list[str]]:
     start = time.perf_counter()
     for chunk in range(math.ceil(n / size)):
         count = min(size, n - chunk * size)
-        out = subprocess.run(["sbatch", "--parsable", f"--array=0-{count - 1}", "--time=5", "-o", "/dev/null",
-                              str(script)], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            ["sbatch", "--parsable", f"--array=0-{count - 1}", "--time=5", "-o", "/dev/null", str(script)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         ids.append(out.stdout.strip().split(";")[0])
     return time.perf_counter() - start, ids
 
@@ -64,8 +68,9 @@ def hpc_train_sweep(folder: Path, script: Path, n: int) -> tuple[float, object]:
     import hpc_train
 
     start = time.perf_counter()
-    handle = hpc_train.sweep(script, over={"i": list(range(n))}, site="sandbox", backend="mpi", requeue=False,
-                             python="/bin/true", job_root=str(folder))
+    handle = hpc_train.sweep(
+        script, over={"i": list(range(n))}, site="sandbox", backend="mpi", requeue=False, python="/bin/true", job_root=str(folder)
+    )
     return time.perf_counter() - start, handle
 
 
@@ -86,8 +91,15 @@ def poll_to_completion(handle, log: Path) -> dict[str, float]:
     elapsed = time.perf_counter() - start
     calls = [line.split()[0] for line in log.read_text().splitlines()]
     polls = sum(1 for c in calls if c in ("squeue", "sacct"))
-    return {"tasks": len(handle), "completed": counts.get("COMPLETED", 0), "seconds": elapsed, "cycles": handle.cycles,
-            "poll_calls": polls, "other_calls": len(calls) - polls, "per_cycle": polls / max(1, handle.cycles)}
+    return {
+        "tasks": len(handle),
+        "completed": counts.get("COMPLETED", 0),
+        "seconds": elapsed,
+        "cycles": handle.cycles,
+        "poll_calls": polls,
+        "other_calls": len(calls) - polls,
+        "per_cycle": polls / max(1, handle.cycles),
+    }
 
 
 def main() -> int:
@@ -119,18 +131,23 @@ def main() -> int:
     needed = args.repeats * (3 * n + 3 * size)
     config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=False).stdout
     limit = int(next((line.split("=")[1] for line in config.splitlines() if line.startswith("MaxJobCount")), "10000"))
-    existing = len(subprocess.run(["squeue", "-h", "-r", "--states=all", "-o", "%i"], capture_output=True,
-                                 text=True, check=False).stdout.split())
+    existing = len(
+        subprocess.run(
+            ["squeue", "-h", "-r", "--states=all", "-o", "%i"], capture_output=True, text=True, check=False
+        ).stdout.split()
+    )
     if existing + 2 * needed > limit:
-        print(f"bench/sweep.py would add {needed} job records to the controller's {existing} (MaxJobCount {limit}); "
-              "wait until finished jobs age out (MinJobAge) or use --tasks/--repeats", file=sys.stderr)
+        print(
+            f"bench/sweep.py would add {needed} job records to the controller's {existing} (MaxJobCount {limit}); "
+            "wait until finished jobs age out (MinJobAge) or use --tasks/--repeats",
+            file=sys.stderr,
+        )
         return 2
     import hpc_train.api
     import hpc_train.submission.executor  # noqa: F401  (a warm process: imports are not what is measured)
 
     default_plugins()  # plugin discovery once, as in any process that submits more than one thing
-    print(f"sweep of {n} trivial tasks; MaxArraySize {size}: {math.ceil(n / size)} array(s) each way; "
-          f"median of {args.repeats}")
+    print(f"sweep of {n} trivial tasks; MaxArraySize {size}: {math.ceil(n / size)} array(s) each way; median of {args.repeats}")
 
     raw, sub, ours = [], [], []
     keep = None
@@ -150,8 +167,10 @@ def main() -> int:
     t_raw, t_sub, t_ours = (statistics.median(x) for x in (raw, sub, ours))
     print(f"  raw sbatch --array      {t_raw * 1000:8.1f} ms")
     print(f"  submitit map_array      {t_sub * 1000:8.1f} ms   ({t_sub / t_raw:.2f}x raw)")
-    print(f"  hpc_train.sweep         {t_ours * 1000:8.1f} ms   ({t_ours / t_raw:.2f}x raw, {t_ours / t_sub:.2f}x submitit)"
-          f"   target <= 2x raw: {'ok' if t_ours <= 2 * t_raw else 'MISSED'}")
+    print(
+        f"  hpc_train.sweep         {t_ours * 1000:8.1f} ms   ({t_ours / t_raw:.2f}x raw, {t_ours / t_sub:.2f}x submitit)"
+        f"   target <= 2x raw: {'ok' if t_ours <= 2 * t_raw else 'MISSED'}"
+    )
 
     log = work / "calls.log"
     path = os.environ["PATH"]
@@ -186,21 +205,29 @@ def main() -> int:
         one.append(t)
         scancel(ids)
     t_one = statistics.median(one)
-    print(f"{size}-task sweep: empty job root {t_empty * 1000:.1f} ms, beside {args.old_jobs} old job folders and "
-          f"records {t_full * 1000:.1f} ms ({t_full / t_empty:.2f}x)")
-    print(f"{size}-task sweep (one array): hpc_train.sweep {t_empty * 1000:.1f} ms, one raw sbatch --array "
-          f"{t_one * 1000:.1f} ms ({t_empty / t_one:.2f}x)")
+    print(
+        f"{size}-task sweep: empty job root {t_empty * 1000:.1f} ms, beside {args.old_jobs} old job folders and "
+        f"records {t_full * 1000:.1f} ms ({t_full / t_empty:.2f}x)"
+    )
+    print(
+        f"{size}-task sweep (one array): hpc_train.sweep {t_empty * 1000:.1f} ms, one raw sbatch --array "
+        f"{t_one * 1000:.1f} ms ({t_empty / t_one:.2f}x)"
+    )
 
     os.environ["PATH"] = counting_shims(work / "shims", log)
     small_poll = poll_to_completion(small, log)
     for row in (small_poll, big_poll):
-        print(f"polling {row['tasks']:4d} tasks to completion: {row['completed']} COMPLETED in {row['seconds']:.1f} s, "
-              f"{row['cycles']} cycles, {row['poll_calls']} squeue/sacct calls ({row['per_cycle']:.2f} per cycle), "
-              f"{row['other_calls']} other scheduler calls")
+        print(
+            f"polling {row['tasks']:4d} tasks to completion: {row['completed']} COMPLETED in {row['seconds']:.1f} s, "
+            f"{row['cycles']} cycles, {row['poll_calls']} squeue/sacct calls ({row['per_cycle']:.2f} per cycle), "
+            f"{row['other_calls']} other scheduler calls"
+        )
     naive = big_poll["cycles"] * big_poll["tasks"]
-    print(f"  calls per cycle, {big_poll['tasks']} tasks vs {small_poll['tasks']}: "
-          f"{big_poll['per_cycle'] / small_poll['per_cycle']:.2f}x; one state call per task per cycle would have made "
-          f"{naive} calls ({naive / max(1, big_poll['poll_calls']):.0f}x)")
+    print(
+        f"  calls per cycle, {big_poll['tasks']} tasks vs {small_poll['tasks']}: "
+        f"{big_poll['per_cycle'] / small_poll['per_cycle']:.2f}x; one state call per task per cycle would have made "
+        f"{naive} calls ({naive / max(1, big_poll['poll_calls']):.0f}x)"
+    )
     shutil.rmtree(work, ignore_errors=True)
     return 0
 

@@ -28,7 +28,9 @@ def main() -> None:
     args, _ = parser.parse_known_args()
 
     ctx = rt.init()
-    print(f"rank {ctx.rank}/{ctx.world_size} on {socket.gethostname()} (backend {ctx.backend}, launcher {ctx.launcher})", flush=True)
+    print(
+        f"rank {ctx.rank}/{ctx.world_size} on {socket.gethostname()} (backend {ctx.backend}, launcher {ctx.launcher})", flush=True
+    )
     torch.manual_seed(0)  # same initial weights everywhere; the backends also broadcast rank 0's
     w_true = torch.randn(16, 1)
     x = torch.randn(4096, 16)
@@ -57,9 +59,18 @@ def main() -> None:
     probe = ctx.all_reduce(torch.tensor([float(ctx.rank + 1)]))
     params = ctx.unwrap(model).parameters()
     checksum = sum(p.detach().double().sum().item() for p in params)
-    report = {"rank": ctx.rank, "world_size": ctx.world_size, "host": socket.gethostname(), "backend": ctx.backend,
-              "launcher": ctx.launcher, "allreduce_sum": probe.item(), "first_loss": losses[0],
-              "final_loss": losses[-1], "param_checksum": checksum, "seconds": time.time() - start}
+    report = {
+        "rank": ctx.rank,
+        "world_size": ctx.world_size,
+        "host": socket.gethostname(),
+        "backend": ctx.backend,
+        "launcher": ctx.launcher,
+        "allreduce_sum": probe.item(),
+        "first_loss": losses[0],
+        "final_loss": losses[-1],
+        "param_checksum": checksum,
+        "seconds": time.time() - start,
+    }
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"rank{ctx.rank}.json"), "w") as f:
         json.dump(report, f)

@@ -39,10 +39,17 @@ def main() -> None:
         engine.step()
         losses.append(loss.item())
     checksum = sum(p.detach().double().sum().item() for p in engine.module.parameters())
-    report = {"rank": rank, "local_rank_arg": args.local_rank, "host": socket.gethostname(),
-              "world_size": dist.get_world_size(), "config": args.deepspeed_config,
-              "zero_stage": engine.zero_optimization_stage(), "first_loss": losses[0], "final_loss": losses[-1],
-              "param_checksum": checksum}
+    report = {
+        "rank": rank,
+        "local_rank_arg": args.local_rank,
+        "host": socket.gethostname(),
+        "world_size": dist.get_world_size(),
+        "config": args.deepspeed_config,
+        "zero_stage": engine.zero_optimization_stage(),
+        "first_loss": losses[0],
+        "final_loss": losses[-1],
+        "param_checksum": checksum,
+    }
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)
     if rank == 0:

@@ -101,8 +101,12 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=2)
     parser.add_argument("--microbatches", type=int, default=2)
     parser.add_argument("--schedule", default="gpipe", choices=["gpipe", "1f1b"])
-    parser.add_argument("--stop-at", type=int, default=0,
-                        help="in the job's first run, ask to stop at this step, as a preemption would (tests requeue)")
+    parser.add_argument(
+        "--stop-at",
+        type=int,
+        default=0,
+        help="in the job's first run, ask to stop at this step, as a preemption would (tests requeue)",
+    )
     parser.add_argument("--out", default=os.environ.get("HPC_TRAIN_JOB_FOLDER", "."))
     args, _ = parser.parse_known_args()
 
@@ -145,11 +149,19 @@ def main() -> None:
         ckpt.step(step)
     ckpt.close()
 
-    report = {"rank": ctx.rank, "world_size": ctx.world_size, "host": socket.gethostname(), "run": ckpt.run,
-              "start": start, "losses": losses, "layout": str(par.layout) if par else None,
-              "dp_rank": par.dp_rank if par else ctx.rank, "tp_rank": par.tp_rank if par else 0,
-              "stage": par.stage if par else 0,
-              "params": sum(getattr(p, "_local_tensor", p).numel() for p in ctx.unwrap(model).parameters())}
+    report = {
+        "rank": ctx.rank,
+        "world_size": ctx.world_size,
+        "host": socket.gethostname(),
+        "run": ckpt.run,
+        "start": start,
+        "losses": losses,
+        "layout": str(par.layout) if par else None,
+        "dp_rank": par.dp_rank if par else ctx.rank,
+        "tp_rank": par.tp_rank if par else 0,
+        "stage": par.stage if par else 0,
+        "params": sum(getattr(p, "_local_tensor", p).numel() for p in ctx.unwrap(model).parameters()),
+    }
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"rank{ctx.rank}.json"), "w") as f:
         json.dump(report, f)

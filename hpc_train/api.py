@@ -1,11 +1,11 @@
 """The Python API: the same options as the CLI, for scripts and notebooks on a login node.
 
-    import hpc_train
-    print(hpc_train.render("train.py", "--lr", "1e-4", site="bluecloud", nodes=4))
-    job = hpc_train.submit("train.py", site="sandbox", nodes=2)
-    job.wait(); print(job.stdout(rank=0))
-    job = hpc_train.submit(my_function, 3, site="sandbox", nodes=2)
-    print(job.result())
+import hpc_train
+print(hpc_train.render("train.py", "--lr", "1e-4", site="bluecloud", nodes=4))
+job = hpc_train.submit("train.py", site="sandbox", nodes=2)
+job.wait(); print(job.stdout(rank=0))
+job = hpc_train.submit(my_function, 3, site="sandbox", nodes=2)
+print(job.result())
 """
 
 from __future__ import annotations
@@ -26,8 +26,19 @@ from hpc_train.submission.prepare import (
     warn_about,
 )
 
-__all__ = ["check_script", "job", "make_job", "plan_job", "render", "render_plan", "resolve_site", "site_registry",
-           "submit", "sweep", "warn_about"]
+__all__ = [
+    "check_script",
+    "job",
+    "make_job",
+    "plan_job",
+    "render",
+    "render_plan",
+    "resolve_site",
+    "site_registry",
+    "submit",
+    "sweep",
+    "warn_about",
+]
 
 if TYPE_CHECKING:  # submitting and watching jobs: imported when used, `render` needs neither
     from hpc_train.jobs.handle import JobHandle
@@ -40,7 +51,9 @@ def render(script: str | os.PathLike[str], *script_args: str, plugins: Plugins |
     return render_plan(plan_job(job, plugins), plugins)
 
 
-def submit(target: str | os.PathLike[str] | Callable[..., Any], *args: Any, plugins: Plugins | None = None, **options: Any) -> JobHandle:
+def submit(
+    target: str | os.PathLike[str] | Callable[..., Any], *args: Any, plugins: Plugins | None = None, **options: Any
+) -> JobHandle:
     """Submit a training script (``target`` a path; ``args`` its arguments) or a function (``args`` its arguments)."""
     from hpc_train.submission.executor import submit_plan
 
@@ -51,8 +64,7 @@ def submit(target: str | os.PathLike[str] | Callable[..., Any], *args: Any, plug
         options["after"] = expand_after(options["after"])
     if callable(target):
         job = make_job(**options)
-        plan = plan_job(job, plugins, kind="function", function_name=getattr(target, "__name__", None),
-                        submitting=True)
+        plan = plan_job(job, plugins, kind="function", function_name=getattr(target, "__name__", None), submitting=True)
         handle = submit_plan(plan, lambda p: render_plan(p, plugins), fn=target, args=args)
     else:
         job = make_job(script=os.fspath(target), script_args=[str(a) for a in args], **options)

@@ -102,5 +102,10 @@ def storage_dir_env(key: str) -> str:
 
 
 #: the names as the template sees them: ``{{ files.RUNS }}``
-FILES = SimpleNamespace(**{name: value for name, value in globals().items()
-                           if name.isupper() and isinstance(value, str) and not name.startswith("ENV_")})
+FILES = SimpleNamespace(
+    **{
+        name: value
+        for name, value in globals().items()
+        if name.isupper() and isinstance(value, str) and not name.startswith("ENV_")
+    }
+)

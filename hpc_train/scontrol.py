@@ -67,4 +67,4 @@ def _fields(chunk: str) -> dict[str, str]:
     keys = list(_KEY.finditer(chunk))
     ends = [key.start() for key in keys[1:]] + [len(chunk)]
     # a key seen twice keeps its last value, as dict() did in the parsers this replaced
-    return {key.group(1): chunk[key.end():end].strip() for key, end in zip(keys, ends)}
+    return {key.group(1): chunk[key.end() : end].strip() for key, end in zip(keys, ends)}

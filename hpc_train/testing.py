@@ -90,8 +90,7 @@ def assert_golden(text: str, path: str | os.PathLike[str]) -> None:
         pytest.fail(f"missing golden file {path}; create it with {UPDATE_GOLDEN}=1 and review it", pytrace=False)
     expected = path.read_text()
     if text != expected:
-        diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True),
-                                            str(path), "rendered now"))
+        diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True), str(path), "rendered now"))
         pytest.fail(f"{path.name} changed; if that is intended, rerun with {UPDATE_GOLDEN}=1\n{diff}", pytrace=False)
 
 

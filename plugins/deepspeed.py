@@ -44,11 +44,19 @@ DEFAULT_MICRO_BATCH = 1
 @dataclass(frozen=True, kw_only=True)
 class DeepSpeedOptions(Model):
     # None: not said by the job, so the user's ds_config file (or the default) decides
-    zero_stage: Annotated[int, Ge(0), Le(3)] | None = setting(None, f"ZeRO stage (default: your config's, else {DEFAULT_ZERO_STAGE})")
-    micro_batch: Annotated[int, Ge(1)] | None = setting(None, f"train_micro_batch_size_per_gpu (default: your config's, or train_batch_size / (accumulation x data-parallel processes), else {DEFAULT_MICRO_BATCH})")
+    zero_stage: Annotated[int, Ge(0), Le(3)] | None = setting(
+        None, f"ZeRO stage (default: your config's, else {DEFAULT_ZERO_STAGE})"
+    )
+    micro_batch: Annotated[int, Ge(1)] | None = setting(
+        None,
+        f"train_micro_batch_size_per_gpu (default: your config's, or train_batch_size / (accumulation x data-parallel processes), else {DEFAULT_MICRO_BATCH})",
+    )
     config: str | None = setting(None, "your ds_config JSON; the job's settings are merged over it")
     offload_optimizer: bool = setting(False, "ZeRO optimizer state offload to CPU memory")
-    launcher_args: bool = setting(True, "pass --local_rank=N to the script, as the deepspeed launcher does (scripts that import hpc_train.runtime never see it)")
+    launcher_args: bool = setting(
+        True,
+        "pass --local_rank=N to the script, as the deepspeed launcher does (scripts that import hpc_train.runtime never see it)",
+    )
     torch_adam: bool = setting(True, "torch's Adam instead of the JIT-compiled fused one (CPU jobs)")
     omp_num_threads: Annotated[int, Ge(1)] | None = setting(None, "OMP_NUM_THREADS per process (default: CPUs per process)")
 
@@ -94,7 +102,7 @@ def _flag_args(args: list[str], flags: tuple[str, ...]) -> list[ConfigArg]:
             if arg == flag:
                 found.append(ConfigArg(flag, i, False, args[i + 1] if i + 1 < len(args) else None))
             elif arg.startswith(flag + "="):
-                found.append(ConfigArg(flag, i, True, arg[len(flag) + 1:]))
+                found.append(ConfigArg(flag, i, True, arg[len(flag) + 1 :]))
     return found
 
 
@@ -125,17 +133,28 @@ def config_source(options: DeepSpeedOptions, info: LaunchInfo) -> ConfigSource |
     named = config_args(list(info.script_args))
     for arg in named:
         if not arg.path:
-            raise ConfigError(Problem(JOB, "script arguments", f"{arg.flag} needs the path of a ds_config JSON file",
-                                      hint=f"{arg.flag} ds_config.json"))
-    sources = [ConfigSource(f"{a.flag} among the script's arguments", str(a.path), _resolve(str(a.path), workdir))
-               for a in named]
+            raise ConfigError(
+                Problem(
+                    JOB,
+                    "script arguments",
+                    f"{arg.flag} needs the path of a ds_config JSON file",
+                    hint=f"{arg.flag} ds_config.json",
+                )
+            )
+    sources = [ConfigSource(f"{a.flag} among the script's arguments", str(a.path), _resolve(str(a.path), workdir)) for a in named]
     if options.config:
         sources.append(ConfigSource("--deepspeed-config / -o config", options.config, _resolve(options.config, workdir)))
     files = {os.path.normpath(s.file) for s in sources}
     if len(files) > 1:
         listed = "; ".join(f"{s.given} ({s.named_by})" for s in sources)
-        raise ConfigError(Problem(JOB, "deepspeed config", f"two ds_config files for one job: {listed}",
-                                  hint="name one: the job's settings are merged over it, and the script gets the merged file"))
+        raise ConfigError(
+            Problem(
+                JOB,
+                "deepspeed config",
+                f"two ds_config files for one job: {listed}",
+                hint="name one: the job's settings are merged over it, and the script gets the merged file",
+            )
+        )
     return sources[0] if sources else None
 
 
@@ -223,8 +242,7 @@ def _multiples(train: int, share: int) -> str:
     return _either([n for n in (below, below + share) if n >= share])
 
 
-def _derive(train: int, known: int, known_key: str, derived_key: str, procs: Processes, said: dict[str, str],
-            source: str) -> int:
+def _derive(train: int, known: int, known_key: str, derived_key: str, procs: Processes, said: dict[str, str], source: str) -> int:
     """``derived_key`` = train_batch_size / (``known_key`` x data-parallel size), or a problem saying what fits."""
     value, left = divmod(train, known * procs.data_parallel)
     if value >= 1 and not left:
@@ -236,28 +254,40 @@ def _derive(train: int, known: int, known_key: str, derived_key: str, procs: Pro
 
     share = known * procs.data_parallel
     works = _node_counts(procs, fits)
-    hints = [f"it divides on {_either([n for n, _ in works])} node(s), with {derived_key} "
-             f"{_either([v for _, v in works])}"] if works else []
+    hints = (
+        [f"it divides on {_either([n for n, _ in works])} node(s), with {derived_key} {_either([v for _, v in works])}"]
+        if works
+        else []
+    )
     hints.append(f"make {TRAIN} a multiple of {share}, such as {_multiples(train, share)}")
-    raise ConfigError(Problem(
-        source, TRAIN,
-        f"{train} does not divide over {procs} with {known_key} {known} ({said[known_key]}): "
-        f"{train} / ({known} x {procs.data_parallel}) is no whole {derived_key}, and DeepSpeed would stop at start-up",
-        hint="; or ".join(hints)))
+    raise ConfigError(
+        Problem(
+            source,
+            TRAIN,
+            f"{train} does not divide over {procs} with {known_key} {known} ({said[known_key]}): "
+            f"{train} / ({known} x {procs.data_parallel}) is no whole {derived_key}, and DeepSpeed would stop at start-up",
+            hint="; or ".join(hints),
+        )
+    )
 
 
 def _mismatch(train: int, micro: int, accum: int, procs: Processes, said: dict[str, str], source: str) -> ConfigError:
     works = [n for n, _ in _node_counts(procs, lambda dp: dp if micro * accum * dp == train else None)]
     where = f"on {works[0]} node(s), or " if works else ""
-    return ConfigError(Problem(
-        source, TRAIN,
-        f"{train} is not {MICRO} {micro} ({said[MICRO]}) x {ACCUM} {accum} ({said[ACCUM]}) x {procs} "
-        f"= {micro * accum * procs.data_parallel}, and DeepSpeed would stop at start-up",
-        hint=f"it holds {where}give two of the three and hpc_train derives the third"))
+    return ConfigError(
+        Problem(
+            source,
+            TRAIN,
+            f"{train} is not {MICRO} {micro} ({said[MICRO]}) x {ACCUM} {accum} ({said[ACCUM]}) x {procs} "
+            f"= {micro * accum * procs.data_parallel}, and DeepSpeed would stop at start-up",
+            hint=f"it holds {where}give two of the three and hpc_train derives the third",
+        )
+    )
 
 
-def settle_batch(config: dict[str, Any], stated: dict[str, Any], said: dict[str, str], procs: Processes | None,
-                 source: str) -> None:
+def settle_batch(
+    config: dict[str, Any], stated: dict[str, Any], said: dict[str, str], procs: Processes | None, source: str
+) -> None:
     """Fill in the micro-batch and accumulation so that DeepSpeed's own start-up check holds.
 
     DeepSpeed requires train_batch_size = micro-batch x accumulation x data-parallel size.
@@ -271,7 +301,7 @@ def settle_batch(config: dict[str, Any], stated: dict[str, Any], said: dict[str,
         return
     for key, value in stated.items():
         if value != "auto" and not _whole(value):
-            raise ConfigError(Problem(source, key, f"{value!r}: expected a whole number >= 1 (or \"auto\" for Hugging Face)"))
+            raise ConfigError(Problem(source, key, f'{value!r}: expected a whole number >= 1 (or "auto" for Hugging Face)'))
     if procs is None or "auto" in stated.values():
         return  # a Hugging Face script fills "auto" from its own arguments, and checks them itself
     train = stated[TRAIN]
@@ -287,8 +317,10 @@ def settle_batch(config: dict[str, Any], stated: dict[str, Any], said: dict[str,
 
 # -- the merged config ---------------------------------------------------------------------------
 
-def _explicit(options: DeepSpeedOptions, precision: str | None, grad_accum: int | None,
-              grad_clip: float | None) -> tuple[dict[str, Any], dict[str, str]]:
+
+def _explicit(
+    options: DeepSpeedOptions, precision: str | None, grad_accum: int | None, grad_clip: float | None
+) -> tuple[dict[str, Any], dict[str, str]]:
     """What the job says explicitly, and which option said each batch number."""
     explicit: dict[str, Any] = {}
     said: dict[str, str] = {}
@@ -314,9 +346,16 @@ def _explicit(options: DeepSpeedOptions, precision: str | None, grad_accum: int 
     return explicit, said
 
 
-def build_ds_config(options: DeepSpeedOptions, *, precision: str | None, grad_accum: int | None,
-                    grad_clip: float | None, user: dict[str, Any] | None = None, user_file: str = "your ds_config",
-                    procs: Processes | None = None) -> dict[str, Any]:
+def build_ds_config(
+    options: DeepSpeedOptions,
+    *,
+    precision: str | None,
+    grad_accum: int | None,
+    grad_clip: float | None,
+    user: dict[str, Any] | None = None,
+    user_file: str = "your ds_config",
+    procs: Processes | None = None,
+) -> dict[str, Any]:
     """Defaults < the user's file < what the job says explicitly; the batch numbers settled for ``procs``
     (None: left to DeepSpeed in the job, as outside hpc_train's launch)."""
     defaults: dict[str, Any] = {
@@ -345,8 +384,7 @@ class DeepSpeed(Backend):
     name = "deepspeed"
     parallel_axes = ("dp", "pp")  # the runtime builds a device mesh over these (--parallel)
     requires = ("torch", "deepspeed")
-    cli_options = (CliOption("--deepspeed-config", "config", "your ds_config; the job's settings are merged over it",
-                             "JSON"),)
+    cli_options = (CliOption("--deepspeed-config", "config", "your ds_config; the job's settings are merged over it", "JSON"),)
     summary = "DeepSpeed (ZeRO) without ssh: srun one task per process; ds_config from the job"
     Options = DeepSpeedOptions
     runtime = "hpc_train_plugins.deepspeed_runtime:DeepSpeedRuntime"
@@ -356,9 +394,15 @@ class DeepSpeed(Backend):
     def env(self, info: LaunchInfo) -> dict[str, str]:
         source = config_source(self.options, info)
         user = read_user_config(source.file, named_by=source.named_by) if source else None
-        config = build_ds_config(self.options, precision=info.precision, grad_accum=info.grad_accum,
-                                 grad_clip=info.grad_clip, user=user, user_file=str(source.file) if source else "",
-                                 procs=processes(info))
+        config = build_ds_config(
+            self.options,
+            precision=info.precision,
+            grad_accum=info.grad_accum,
+            grad_clip=info.grad_clip,
+            user=user,
+            user_file=str(source.file) if source else "",
+            procs=processes(info),
+        )
         return {
             CONFIG_ENV: json.dumps(config, sort_keys=True),
             # the launcher DeepSpeed ships leaves this unset, and CPU steps run 2x slower
@@ -405,8 +449,18 @@ class DeepSpeed(Backend):
         shim = launch_shim(info, *flags, args=args)
         if info.scheduler == "local":
             # torchrun spawns the local workers; the shim adds --local_rank as the deepspeed launcher would
-            return survive_stop_signal(info, [info.python, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-                                              f"--nproc-per-node={info.procs_per_node}", *shim[1:]])
+            return survive_stop_signal(
+                info,
+                [
+                    info.python,
+                    "-m",
+                    "torch.distributed.run",
+                    "--standalone",
+                    "--nnodes=1",
+                    f"--nproc-per-node={info.procs_per_node}",
+                    *shim[1:],
+                ],
+            )
         return shim
 
 

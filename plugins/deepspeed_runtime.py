@@ -22,8 +22,13 @@ class DeepSpeedRuntime(BackendRuntime):
 
         for key, value in self.env.as_torch_env().items():
             os.environ.setdefault(key, value)
-        deepspeed.init_distributed(dist_backend=self.dist_backend, auto_mpi_discovery=False,
-                                   init_method="env://", rank=self.env.rank, world_size=self.env.world_size)
+        deepspeed.init_distributed(
+            dist_backend=self.dist_backend,
+            auto_mpi_discovery=False,
+            init_method="env://",
+            rank=self.env.rank,
+            world_size=self.env.world_size,
+        )
 
     def ds_config(self) -> dict[str, Any]:
         """The config the job wrote; built from the runtime options when run outside hpc_train's launch."""
@@ -35,8 +40,9 @@ class DeepSpeedRuntime(BackendRuntime):
         from hpc_train.config.validate import validate
 
         options = validate(DeepSpeedOptions, self.options.backend_options)
-        return build_ds_config(options, precision=self.options.precision, grad_accum=self.options.grad_accum,
-                               grad_clip=self.options.grad_clip)
+        return build_ds_config(
+            options, precision=self.options.precision, grad_accum=self.options.grad_accum, grad_clip=self.options.grad_clip
+        )
 
     def prepare(self, model: Any, optimizer: Any) -> tuple[Any, Any]:
         import deepspeed
@@ -81,8 +87,7 @@ class DeepSpeedRuntime(BackendRuntime):
         self.model.save_checkpoint(folder, tag="engine")
 
     def load_checkpoint_state(self, state: dict[str, Any] | None, folder: str) -> None:
-        path, _ = self.model.load_checkpoint(folder, tag="engine", load_optimizer_states=True,
-                                             load_lr_scheduler_states=True)
+        path, _ = self.model.load_checkpoint(folder, tag="engine", load_optimizer_states=True, load_lr_scheduler_states=True)
         if path is None:
             raise RuntimeError(f"DeepSpeed found no engine checkpoint in {folder}")
 

@@ -22,8 +22,17 @@ class HorovodRuntime(BackendRuntime):
         hvd = self.hvd
         hvd.init()
         env = self.env
-        self.env = DistEnv(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(), hvd.cross_rank(),
-                           hvd.cross_size(), env.master_addr, env.master_port, env.launcher)
+        self.env = DistEnv(
+            hvd.rank(),
+            hvd.local_rank(),
+            hvd.size(),
+            hvd.local_size(),
+            hvd.cross_rank(),
+            hvd.cross_size(),
+            env.master_addr,
+            env.master_port,
+            env.launcher,
+        )
 
     def shutdown(self) -> None:
         # joins Horovod's background thread (the GIL released: a ctypes call) before the interpreter exits
@@ -35,9 +44,12 @@ class HorovodRuntime(BackendRuntime):
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         if optimizer is not None:
             compression = hvd.Compression.fp16 if self.options.backend_options.get("fp16_compression") else hvd.Compression.none
-            optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                                 compression=compression,
-                                                 backward_passes_per_step=self.options.grad_accum)
+            optimizer = hvd.DistributedOptimizer(
+                optimizer,
+                named_parameters=model.named_parameters(),
+                compression=compression,
+                backward_passes_per_step=self.options.grad_accum,
+            )
             hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         self.optimizer = optimizer
         return model, optimizer

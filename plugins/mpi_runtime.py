@@ -22,8 +22,17 @@ class MpiRuntime(BackendRuntime):
         comm = self.comm  # MPI_Init happens on import; the world comes from MPI itself
         env = self.env
         if (comm.Get_rank(), comm.Get_size()) != (env.rank, env.world_size):
-            self.env = DistEnv(comm.Get_rank(), env.local_rank, comm.Get_size(), env.local_world_size,
-                               env.node_rank, env.num_nodes, env.master_addr, env.master_port, env.launcher)
+            self.env = DistEnv(
+                comm.Get_rank(),
+                env.local_rank,
+                comm.Get_size(),
+                env.local_world_size,
+                env.node_rank,
+                env.num_nodes,
+                env.master_addr,
+                env.master_port,
+                env.launcher,
+            )
 
     def shutdown(self) -> None:
         """Nothing to stop: the Context's barrier already ran (when orderly), mpi4py finalizes MPI at exit."""
@@ -55,7 +64,7 @@ class MpiRuntime(BackendRuntime):
         offset = 0
         for g in grads:
             n = g.numel()
-            g.copy_(flat[offset:offset + n].view_as(g))
+            g.copy_(flat[offset : offset + n].view_as(g))
             offset += n
 
     def all_reduce(self, tensor: Any, op: str = "sum") -> Any:

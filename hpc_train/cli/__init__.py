@@ -16,10 +16,21 @@ _python_showwarning = warnings.showwarning
 
 # Each module defines ``register(subparsers)`` and ``run(args) -> int``.
 COMMANDS = (
-    "render", "submit", "status", "logs", "cancel", "resubmit",
-    "sites", "site", "backends", "plugins", "validate",
-    "report", "diagnose",
-    "doctor", "preflight",
+    "render",
+    "submit",
+    "status",
+    "logs",
+    "cancel",
+    "resubmit",
+    "sites",
+    "site",
+    "backends",
+    "plugins",
+    "validate",
+    "report",
+    "diagnose",
+    "doctor",
+    "preflight",
 )
 
 
@@ -76,8 +87,10 @@ def add_plugin_commands(sub: argparse._SubParsersAction) -> None:
         name = command.name
         if name in sub.choices:
             taken_by = f"plugin {owners[name]!r}" if name in owners else "a built-in command"
-            _warn(f"plugin {owner!r}: command {name!r} is already provided by {taken_by}; skipped "
-                  f"(HPC_TRAIN_DISABLE_PLUGINS={owner} switches the plugin off)")
+            _warn(
+                f"plugin {owner!r}: command {name!r} is already provided by {taken_by}; skipped "
+                f"(HPC_TRAIN_DISABLE_PLUGINS={owner} switches the plugin off)"
+            )
             continue
         try:
             parser = command.register(sub)
@@ -104,7 +117,7 @@ def split_script_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     argv = list(argv)
     if "--" in argv:
         at = argv.index("--")
-        return argv[:at], argv[at + 1:]
+        return argv[:at], argv[at + 1 :]
     return argv, []
 
 

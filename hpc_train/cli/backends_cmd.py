@@ -20,5 +20,7 @@ def run(args: argparse.Namespace) -> int:
             about = f"  {description}" if description else ""
             print(f"    -o {field_name}=...  (default {default!r}){about}")
     for failure in plugins.failures:
-        print(f"warning: plugin {failure.name!r} ({failure.distribution or 'unknown distribution'}) failed to load: {failure.error}")
+        print(
+            f"warning: plugin {failure.name!r} ({failure.distribution or 'unknown distribution'}) failed to load: {failure.error}"
+        )
     return 0

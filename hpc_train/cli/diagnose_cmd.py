@@ -12,14 +12,21 @@ from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = sub.add_parser("diagnose", help="how each run ended (hangs, failures, requeues) and the job's goodput",
-                            description="Per run: hosts, steps, how it ended (completed, requeued, failed with its "
-                                        "exit status, hung: the rank, host, last step and top of its stack), suspect "
-                                        "nodes and stragglers; then the allocation's goodput and lost time by cause.")
+    parser = sub.add_parser(
+        "diagnose",
+        help="how each run ended (hangs, failures, requeues) and the job's goodput",
+        description="Per run: hosts, steps, how it ended (completed, requeued, failed with its "
+        "exit status, hung: the rank, host, last step and top of its stack), suspect "
+        "nodes and stragglers; then the allocation's goodput and lost time by cause.",
+    )
     parser.add_argument("job_id", metavar="JOB", help="job id, or a job folder")
     parser.add_argument("--json", action="store_true", help="as JSON")
-    parser.add_argument("--no-sacct", dest="sacct", action="store_false",
-                        help="do not ask Slurm's accounting; estimate the allocations from the job's own files")
+    parser.add_argument(
+        "--no-sacct",
+        dest="sacct",
+        action="store_false",
+        help="do not ask Slurm's accounting; estimate the allocations from the job's own files",
+    )
     return parser
 
 

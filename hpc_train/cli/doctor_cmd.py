@@ -9,8 +9,11 @@ import sys
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = sub.add_parser("doctor", help="check GPUs, fabric, versions, Slurm and packages; say what to fix",
-                            description="Check this node (or, with --submit, the compute nodes) for what the site's jobs need.")
+    parser = sub.add_parser(
+        "doctor",
+        help="check GPUs, fabric, versions, Slurm and packages; say what to fix",
+        description="Check this node (or, with --submit, the compute nodes) for what the site's jobs need.",
+    )
     parser.add_argument("--site", help="site name or path (default: detected)")
     parser.add_argument("--partition", "-p", help="partition whose GPUs and NCCL profile to check against")
     parser.add_argument("--nccl-profile", help="NCCL profile to check (default: the partition's)")
@@ -54,10 +57,18 @@ def _submit(args: argparse.Namespace) -> list:
     from hpc_train.errors import SchedulerError
     from hpc_train.fabric.doctor import Report, node_report
 
-    options = {"site": args.site, "nodes": args.nodes, "procs_per_node": 1, "time": "00:05:00",
-               "partition": args.partition, "job_name": "hpc_train-doctor", "job_root": args.job_root}
-    handle = submit(node_report, args.site, args.partition, args.nccl_profile,
-                    **{k: v for k, v in options.items() if v is not None})
+    options = {
+        "site": args.site,
+        "nodes": args.nodes,
+        "procs_per_node": 1,
+        "time": "00:05:00",
+        "partition": args.partition,
+        "job_name": "hpc_train-doctor",
+        "job_root": args.job_root,
+    }
+    handle = submit(
+        node_report, args.site, args.partition, args.nccl_profile, **{k: v for k, v in options.items() if v is not None}
+    )
     print(f"doctor: job {handle.job_id} on {args.nodes} node(s); waiting", file=sys.stderr)
     state = handle.wait()
     folder = handle.folder / "doctor"
@@ -65,6 +76,7 @@ def _submit(args: argparse.Namespace) -> list:
     if not reports and state == "COMPLETED":  # the local site has no shared job folder: task 0's return value
         reports = [Report.from_dict(handle.result())]
     if not reports:
-        raise SchedulerError(f"doctor job {handle.job_id}", f"ended {state} without reports",
-                             f"python -m hpc_train logs {handle.job_id}")
+        raise SchedulerError(
+            f"doctor job {handle.job_id}", f"ended {state} without reports", f"python -m hpc_train logs {handle.job_id}"
+        )
     return reports

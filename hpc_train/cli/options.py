@@ -48,8 +48,7 @@ def _flag_name(name: str, flag: Flag) -> str:
     return flag.flag or "--" + name.replace("_", "-")
 
 
-def add_job_options(parser: argparse.ArgumentParser, backends: Mapping[str, Any] | None = None,
-                    spec: type = JobSpec) -> None:
+def add_job_options(parser: argparse.ArgumentParser, backends: Mapping[str, Any] | None = None, spec: type = JobSpec) -> None:
     """The job's flags: the script, a flag per field of ``spec`` with a ``group``, the backends' own flags
     (``backends``: name -> Backend class; None: the registered backends)."""
     parser.add_argument("script", help="training script (its arguments go after --)")
@@ -67,8 +66,11 @@ def add_job_options(parser: argparse.ArgumentParser, backends: Mapping[str, Any]
                 continue
             _add_field(group, name, flag, kind)
             if name == "nccl_profile":
-                group.add_argument("--nccl-debug", action="store_true",
-                                   help="add the site's debug overlay (NCCL_DEBUG=INFO, flight recorder, ...)")
+                group.add_argument(
+                    "--nccl-debug",
+                    action="store_true",
+                    help="add the site's debug overlay (NCCL_DEBUG=INFO, flight recorder, ...)",
+                )
     parser.set_defaults(_job_options=_Declared(spec, fields, backend_flags))
 
 
@@ -100,22 +102,36 @@ def _add_backend_flags(group: argparse._ArgumentGroup, backends: Mapping[str, An
         for option in getattr(cls, "cli_options", ()):
             try:
                 dest = f"backend_flag:{backend}:{option.option}"  # not an attribute name: no clash with a field's
-                group.add_argument(option.flag, dest=dest, metavar=option.metavar or option.option.upper(),
-                                   help=f"({backend}) {option.help}".replace("%", "%%"))
+                group.add_argument(
+                    option.flag,
+                    dest=dest,
+                    metavar=option.metavar or option.option.upper(),
+                    help=f"({backend}) {option.help}".replace("%", "%%"),
+                )
                 added.append(_BackendFlag(option.flag, backend, option.option, dest))
             except Exception as exc:  # a flag already taken, or not a CliOption: only that flag is lost
-                print(f"warning: backend {backend!r}: flag {getattr(option, 'flag', option)!r} not added: {exc}",
-                      file=sys.stderr)
+                print(f"warning: backend {backend!r}: flag {getattr(option, 'flag', option)!r} not added: {exc}", file=sys.stderr)
     return tuple(added)
 
 
 def add_sweep_options(parser: argparse.ArgumentParser) -> None:
     """``submit``'s sweep options: one job becomes a job array over these values (hpc_train.sweeps.arrays)."""
     s = parser.add_argument_group("sweeps (Slurm job arrays)")
-    s.add_argument("--sweep", action="append", default=[], metavar="NAME=V1,V2",
-                   help="run once per value, as --NAME V and $HPC_TRAIN_SWEEP_NAME (repeatable: a grid)")
-    s.add_argument("--max-concurrent", "--array-parallelism", type=int, metavar="N", dest="max_concurrent",
-                   help="at most N sweep tasks run at once (the array's %%N)")
+    s.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="NAME=V1,V2",
+        help="run once per value, as --NAME V and $HPC_TRAIN_SWEEP_NAME (repeatable: a grid)",
+    )
+    s.add_argument(
+        "--max-concurrent",
+        "--array-parallelism",
+        type=int,
+        metavar="N",
+        dest="max_concurrent",
+        help="at most N sweep tasks run at once (the array's %%N)",
+    )
 
 
 # the numbers, true/false and null of YAML 1.2's core schema (decimal only): what YAML 1.1 also reads
@@ -193,7 +209,9 @@ def _backend_flag_values(args: argparse.Namespace, declared: _Declared, backend:
         if value is None:
             continue
         if owned.backend != backend:
-            raise UsageError(f"{owned.flag} is an option of backend {owned.backend!r}; this job's backend is {backend!r}",
-                             hint=f"use --backend {owned.backend}, or drop {owned.flag}")
+            raise UsageError(
+                f"{owned.flag} is an option of backend {owned.backend!r}; this job's backend is {backend!r}",
+                hint=f"use --backend {owned.backend}, or drop {owned.flag}",
+            )
         values[owned.option] = value
     return values

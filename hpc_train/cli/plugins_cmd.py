@@ -6,9 +6,12 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    return sub.add_parser("plugins", help="list plugins, their hooks and sites, and any that failed to load",
-                          description="List every plugin: distribution and version, where it came from, the hooks "
-                                      "it implements and the sites it serves. Exits 1 when a plugin failed to load.")
+    return sub.add_parser(
+        "plugins",
+        help="list plugins, their hooks and sites, and any that failed to load",
+        description="List every plugin: distribution and version, where it came from, the hooks "
+        "it implements and the sites it serves. Exits 1 when a plugin failed to load.",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

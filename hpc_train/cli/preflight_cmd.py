@@ -9,9 +9,12 @@ import sys
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = sub.add_parser("preflight", help="measure all-reduce bandwidth on N nodes and judge it",
-                            description="Submit a short job measuring all-reduce bus bandwidth (1 MB up) and "
-                                        "every node pair; compare with the site's preflight figures.")
+    parser = sub.add_parser(
+        "preflight",
+        help="measure all-reduce bandwidth on N nodes and judge it",
+        description="Submit a short job measuring all-reduce bus bandwidth (1 MB up) and "
+        "every node pair; compare with the site's preflight figures.",
+    )
     parser.add_argument("--site", help="site name or path (default: detected)")
     parser.add_argument("--nodes", "-N", type=int, default=2, help="nodes (default: 2)")
     parser.add_argument("--partition", "-p")
@@ -35,20 +38,40 @@ def run(args: argparse.Namespace) -> int:
     )
 
     profile = (args.nccl_profile or "") + "+debug" if args.nccl_debug else args.nccl_profile
-    handle, expect = submit_preflight(site=args.site, nodes=args.nodes, partition=args.partition, nccl_profile=profile,
-                                      max_size=args.max_size, iters=args.iters, job_root=args.job_root)
+    handle, expect = submit_preflight(
+        site=args.site,
+        nodes=args.nodes,
+        partition=args.partition,
+        nccl_profile=profile,
+        max_size=args.max_size,
+        iters=args.iters,
+        job_root=args.job_root,
+    )
     print(f"preflight: job {handle.job_id} on {args.nodes} node(s); waiting", file=sys.stderr)
     state = handle.wait()
     result = read_result(handle.folder)
     if result is None:
-        raise SchedulerError(f"preflight job {handle.job_id}", f"ended {state} without results",
-                             f"python -m hpc_train logs {handle.job_id} (every rank: --rank N)")
+        raise SchedulerError(
+            f"preflight job {handle.job_id}",
+            f"ended {state} without results",
+            f"python -m hpc_train logs {handle.job_id} (every rank: --rank N)",
+        )
     if args.expect is not None:
         expect = dataclasses.replace(expect, busbw_gbs=args.expect)
     verdict = evaluate(result, expect)
     if args.json:
-        print(json.dumps({"job_id": handle.job_id, "passed": verdict.passed, "findings": verdict.lines,
-                          "suspects": verdict.suspects, "result": result}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "job_id": handle.job_id,
+                    "passed": verdict.passed,
+                    "findings": verdict.lines,
+                    "suspects": verdict.suspects,
+                    "result": result,
+                },
+                indent=1,
+            )
+        )
     else:
         sys.stdout.write(format_table(result, verdict))
     return 0 if verdict.passed else 1

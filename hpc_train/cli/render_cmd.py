@@ -9,8 +9,11 @@ from hpc_train.cli.options import add_job_options, job_options
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = sub.add_parser("render", help="print the sbatch script a submit would send",
-                            description="Print the exact sbatch script; nothing is submitted.")
+    parser = sub.add_parser(
+        "render",
+        help="print the sbatch script a submit would send",
+        description="Print the exact sbatch script; nothing is submitted.",
+    )
     add_job_options(parser)
     return parser
 

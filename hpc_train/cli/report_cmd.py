@@ -8,17 +8,27 @@ from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = sub.add_parser("report", help="summary and plots of a job's metrics",
-                            description="Summarise a job's metrics and write PNG plots of loss, throughput "
-                                        "and communication share over steps.")
+    parser = sub.add_parser(
+        "report",
+        help="summary and plots of a job's metrics",
+        description="Summarise a job's metrics and write PNG plots of loss, throughput and communication share over steps.",
+    )
     parser.add_argument("job_id", metavar="JOB", help="job id, or a job / metrics folder")
     parser.add_argument("--out", "-o", metavar="DIR", help="where the PNGs go (default: <job folder>/report)")
     parser.add_argument("--no-plots", dest="plots", action="store_false", help="the summary only")
     parser.add_argument("--json", action="store_true", help="the summary as JSON")
-    parser.add_argument("--no-goodput", dest="goodput", action="store_false",
-                        help="leave out the goodput section (lost time by cause, GPU-hours, how each run ended)")
-    parser.add_argument("--no-sacct", dest="sacct", action="store_false",
-                        help="do not ask Slurm's accounting; estimate the allocations from the job's own files")
+    parser.add_argument(
+        "--no-goodput",
+        dest="goodput",
+        action="store_false",
+        help="leave out the goodput section (lost time by cause, GPU-hours, how each run ended)",
+    )
+    parser.add_argument(
+        "--no-sacct",
+        dest="sacct",
+        action="store_false",
+        help="do not ask Slurm's accounting; estimate the allocations from the job's own files",
+    )
     return parser
 
 

@@ -13,9 +13,12 @@ from typing import Any
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = sub.add_parser("resubmit", help="submit a sweep's failed tasks again",
-                            description="Submit again the tasks of a sweep that ended other than COMPLETED "
-                                        "(or the tasks given); each resumes in its own folder.")
+    parser = sub.add_parser(
+        "resubmit",
+        help="submit a sweep's failed tasks again",
+        description="Submit again the tasks of a sweep that ended other than COMPLETED "
+        "(or the tasks given); each resumes in its own folder.",
+    )
     parser.add_argument("sweep_id", metavar="SWEEP", help="the sweep's id (its first array's job id)")
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--failed", action="store_true", help="the tasks that failed, timed out or were cancelled")
@@ -34,8 +37,7 @@ def run(args: argparse.Namespace) -> int:
     if args.parsable:
         print(",".join(arrays))
         return 0
-    print(f"Resubmitted {len(chosen)} task(s) of sweep {handle.sweep_id} as array(s) {', '.join(arrays)}: "
-          f"{_task_list(chosen)}")
+    print(f"Resubmitted {len(chosen)} task(s) of sweep {handle.sweep_id} as array(s) {', '.join(arrays)}: {_task_list(chosen)}")
     print(f"  status: python -m hpc_train status {handle.sweep_id}")
     return 0
 
@@ -60,8 +62,10 @@ def submit_sweep(args: argparse.Namespace, script: str, script_args: list[str], 
         print(handle.sweep_id)
     else:
         arrays = handle.array_ids
-        print(f"Submitted sweep {handle.sweep_id}: {len(handle)} task(s) in {len(arrays)} array(s) "
-              f"({', '.join(arrays)}) to site {handle.record.site}")
+        print(
+            f"Submitted sweep {handle.sweep_id}: {len(handle)} task(s) in {len(arrays)} array(s) "
+            f"({', '.join(arrays)}) to site {handle.record.site}"
+        )
         print(f"  folder: {handle.folder}  (task N works in {handle.folder}/N)")
         print(f"  status: python -m hpc_train status {handle.sweep_id}")
     sys.stdout.flush()
@@ -87,8 +91,9 @@ def print_status(sweep_id: str, as_json: bool) -> int:
         "tasks": len(handle),
         "arrays": handle.array_ids,
         "counts": counts,
-        "failed": [{"task": t, "state": states[t], "overrides": handle.overrides(t), "log": str(handle.log_path(t))}
-                   for t in failed],
+        "failed": [
+            {"task": t, "state": states[t], "overrides": handle.overrides(t), "log": str(handle.log_path(t))} for t in failed
+        ],
         "folder": str(handle.folder),
         "site": handle.record.site,
         "backend": handle.record.backend,

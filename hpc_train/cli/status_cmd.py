@@ -10,8 +10,9 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser("status", help="state of a submitted job or sweep")
     parser.add_argument("job_id")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.add_argument("--watch", "-w", action="store_true",
-                        help="follow the job until it ends: pending reason, nodes, requeues, step and loss")
+    parser.add_argument(
+        "--watch", "-w", action="store_true", help="follow the job until it ends: pending reason, nodes, requeues, step and loss"
+    )
     return parser
 
 

@@ -9,13 +9,13 @@ from hpc_train.cli.options import add_job_options, add_sweep_options, job_option
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = sub.add_parser("submit", help="submit a training script",
-                            description="Submit a training script; arguments after -- go to the script.")
+    parser = sub.add_parser(
+        "submit", help="submit a training script", description="Submit a training script; arguments after -- go to the script."
+    )
     add_job_options(parser)
     add_sweep_options(parser)
     w = parser.add_argument_group("after submitting")
-    w.add_argument("--wait", action="store_true",
-                   help="show the job's progress and return when it ends, with its exit status")
+    w.add_argument("--wait", action="store_true", help="show the job's progress and return when it ends, with its exit status")
     w.add_argument("--follow", "-f", action="store_true", help="stream rank 0's output until the job ends (implies --wait)")
     w.add_argument("--parsable", action="store_true", help="print only the job id, as sbatch --parsable does")
     return parser
@@ -36,8 +36,10 @@ def run(args: argparse.Namespace) -> int:
         print(handle.job_id)
     else:
         record = handle.record
-        print(f"Submitted job {handle.job_id} to site {record.site} "
-              f"({record.nodes} node(s) x {record.procs_per_node} process(es), backend {record.backend})")
+        print(
+            f"Submitted job {handle.job_id} to site {record.site} "
+            f"({record.nodes} node(s) x {record.procs_per_node} process(es), backend {record.backend})"
+        )
         print(f"  folder: {handle.folder}")
         print(f"  logs:   {handle.log_path(0)}")
         print(f"  status: python -m hpc_train status {handle.job_id}")

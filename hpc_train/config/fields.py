@@ -44,9 +44,19 @@ class Flag:
     negatable: bool = True  # a bool: --x / --no-x; False: --x alone (store_true)
 
 
-def setting(default: Any = dataclasses.MISSING, doc: str = "", *, factory: Callable[[], Any] | None = None,
-            group: str | None = None, flag: str | None = None, short: str | None = None, metavar: str | None = None,
-            help: str | None = None, negatable: bool = True, env: str | None = None) -> Any:
+def setting(
+    default: Any = dataclasses.MISSING,
+    doc: str = "",
+    *,
+    factory: Callable[[], Any] | None = None,
+    group: str | None = None,
+    flag: str | None = None,
+    short: str | None = None,
+    metavar: str | None = None,
+    help: str | None = None,
+    negatable: bool = True,
+    env: str | None = None,
+) -> Any:
     """A field with a description (shown by ``backends``, ``site show`` and the docs).
 
     With ``group``, the field is a flag of ``submit``/``render`` too (:class:`Flag`; ``help`` defaults

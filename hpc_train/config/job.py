@@ -45,8 +45,9 @@ def _job_time(value: Any) -> Any:
         return format_slurm_time(int(seconds))
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         example = int(value) if value >= 1 and value == int(value) else 3600
-        raise ValueError(f"time={value!r} is ambiguous (minutes or seconds?): give "
-                         f"{format_slurm_time(example)!r} or {_as_timedelta(example)}")
+        raise ValueError(
+            f"time={value!r} is ambiguous (minutes or seconds?): give {format_slurm_time(example)!r} or {_as_timedelta(example)}"
+        )
     return value
 
 
@@ -96,110 +97,212 @@ GROUPS = (WHERE, TRAINING, PREEMPTION, RESOURCES, DEPENDENCIES)
 class JobSpec(Model):
     """One training job. ``None`` means "the site's (or backend's) default"."""
 
-    site: str | None = setting(None, "site name or path to a site YAML file", group=WHERE,
-                               help="site name or path to a site YAML file (default: detected, else 'local')")
-    backend: str = setting("torchrun", "distributed backend plugin", group=WHERE,
-                           help="distributed backend (default: torchrun)")
+    site: str | None = setting(
+        None,
+        "site name or path to a site YAML file",
+        group=WHERE,
+        help="site name or path to a site YAML file (default: detected, else 'local')",
+    )
+    backend: str = setting("torchrun", "distributed backend plugin", group=WHERE, help="distributed backend (default: torchrun)")
     script: str | None = setting(None, "training script (script jobs)")
     script_args: list[str] = setting(doc="arguments after --", factory=list)
     # resources
     nodes: Annotated[int, Ge(1)] = setting(1, "nodes (default: 1)", group=RESOURCES, short="-N")
     procs_per_node: Annotated[int, Ge(1)] | None = setting(
-        None, "processes per node (default: GPUs per node, 1 on CPU)", group=RESOURCES)
+        None, "processes per node (default: GPUs per node, 1 on CPU)", group=RESOURCES
+    )
     gpus_per_node: Annotated[int, Ge(0)] | None = setting(None, "GPUs per node (default: the partition's)", group=RESOURCES)
     cpus_per_task: Annotated[int, Ge(1)] | None = setting(None, group=RESOURCES)
-    mem: Annotated[MemSize, After(_single_line)] = setting(None, "memory per node, as sbatch --mem takes it", group=RESOURCES,
-                                                           help="memory per node, as sbatch takes it (500G)")
+    mem: Annotated[MemSize, After(_single_line)] = setting(
+        None, "memory per node, as sbatch --mem takes it", group=RESOURCES, help="memory per node, as sbatch takes it (500G)"
+    )
     partition: Line = setting(None, group=RESOURCES, short="-p")
-    time: JobTime = setting(None, "time limit: Slurm format (12:00:00, 2-00:00:00) or a timedelta", group=RESOURCES,
-                            short="-t", help="time limit: 12:00:00, 2-00:00:00, minutes")
+    time: JobTime = setting(
+        None,
+        "time limit: Slurm format (12:00:00, 2-00:00:00) or a timedelta",
+        group=RESOURCES,
+        short="-t",
+        help="time limit: 12:00:00, 2-00:00:00, minutes",
+    )
     job_name: Line = setting(None, group=RESOURCES, short="-J")
     account: Line = setting(None, group=RESOURCES, short="-A")
     qos: Line = setting(None, group=RESOURCES, short="-q")
     reservation: Line = setting(None, group=RESOURCES)
     constraint: Line = setting(None, group=RESOURCES, short="-C")
     sbatch: Annotated[dict[str, SbatchValue], After(_sbatch_keys)] = setting(
-        doc="extra #SBATCH options", factory=dict, group=RESOURCES, metavar="OPTION=VALUE",
-        help="any other sbatch option, e.g. --sbatch mail-type=END (repeatable)")
+        doc="extra #SBATCH options",
+        factory=dict,
+        group=RESOURCES,
+        metavar="OPTION=VALUE",
+        help="any other sbatch option, e.g. --sbatch mail-type=END (repeatable)",
+    )
     # where and how
-    backend_options: dict[str, Any] = setting(doc="backend option (repeatable)", factory=dict, group=WHERE,
-                                              flag="--option", short="-o", metavar="KEY=VALUE")
+    backend_options: dict[str, Any] = setting(
+        doc="backend option (repeatable)", factory=dict, group=WHERE, flag="--option", short="-o", metavar="KEY=VALUE"
+    )
     nccl_profile: Line = setting(None, "NCCL/fabric profile from the site file (PROFILE+OVERLAY stacks them)", group=WHERE)
     env: Env = setting(doc="environment variable (repeatable)", factory=dict, group=WHERE, short="-e", metavar="NAME=VALUE")
-    python: str | None = setting(None, "python on the compute nodes", group=WHERE,
-                                 help="python on the compute nodes (default: this interpreter)")
-    container: bool | None = setting(None, "run in the site's container (default: the site's 'enabled')", group=WHERE,
-                                     help="run every task in the site's container image (--no-container: never)")
-    container_image: str | None = setting(None, "run in this image (implies container)", group=WHERE,
-                                          help="run every task in this image (site's container runtime)")
-    workdir: Line = setting(None, "working directory of the job; default: where you submit from", group=WHERE,
-                            help="working directory of the job (default: here)")
-    job_root: Line = setting(None, "folder for job folders; default: the site's job_root", group=WHERE,
-                             help="folder for job folders (default: the site's job_root)")
+    python: str | None = setting(
+        None, "python on the compute nodes", group=WHERE, help="python on the compute nodes (default: this interpreter)"
+    )
+    container: bool | None = setting(
+        None,
+        "run in the site's container (default: the site's 'enabled')",
+        group=WHERE,
+        help="run every task in the site's container image (--no-container: never)",
+    )
+    container_image: str | None = setting(
+        None, "run in this image (implies container)", group=WHERE, help="run every task in this image (site's container runtime)"
+    )
+    workdir: Line = setting(
+        None,
+        "working directory of the job; default: where you submit from",
+        group=WHERE,
+        help="working directory of the job (default: here)",
+    )
+    job_root: Line = setting(
+        None,
+        "folder for job folders; default: the site's job_root",
+        group=WHERE,
+        help="folder for job folders (default: the site's job_root)",
+    )
     # training options, read inside the job by hpc_train.runtime (every backend)
     precision: Literal["fp32", "bf16", "fp16"] | None = setting(
-        None, "mixed precision (fp16 adds loss scaling)", group=TRAINING, env=contract.ENV_PRECISION)
-    grad_clip: Annotated[float, Gt(0)] | None = setting(None, "clip the gradient norm to this value", group=TRAINING,
-                                                        metavar="NORM", help="clip the gradient norm", env=contract.ENV_GRAD_CLIP)
-    grad_accum: Annotated[int, Ge(1)] | None = setting(None, "micro-batches per optimizer step", group=TRAINING,
-                                                       metavar="N", env=contract.ENV_GRAD_ACCUM)
+        None, "mixed precision (fp16 adds loss scaling)", group=TRAINING, env=contract.ENV_PRECISION
+    )
+    grad_clip: Annotated[float, Gt(0)] | None = setting(
+        None,
+        "clip the gradient norm to this value",
+        group=TRAINING,
+        metavar="NORM",
+        help="clip the gradient norm",
+        env=contract.ENV_GRAD_CLIP,
+    )
+    grad_accum: Annotated[int, Ge(1)] | None = setting(
+        None, "micro-batches per optimizer step", group=TRAINING, metavar="N", env=contract.ENV_GRAD_ACCUM
+    )
     comm_hook: Literal["none", "fp16", "bf16", "powersgd"] | None = setting(
-        None, "DDP gradient compression", group=TRAINING, env=contract.ENV_COMM_HOOK)
-    activation_checkpointing: bool | None = setting(None, "recompute activations in backward (less memory)",
-                                                    group=TRAINING, negatable=False, env=contract.ENV_ACTIVATION_CHECKPOINTING)
+        None, "DDP gradient compression", group=TRAINING, env=contract.ENV_COMM_HOOK
+    )
+    activation_checkpointing: bool | None = setting(
+        None,
+        "recompute activations in backward (less memory)",
+        group=TRAINING,
+        negatable=False,
+        env=contract.ENV_ACTIVATION_CHECKPOINTING,
+    )
     # preemption and time limits (defaults: the site's requeue policy)
     requeue: bool | None = setting(
-        None, "save and requeue before the limit / on the warning signal", group=PREEMPTION,
-        help="save and requeue before the time limit or on the warning signal (default: the site's)")
-    max_restarts: Annotated[int, Ge(0)] | None = setting(None, "requeues allowed before the job stops for good",
-                                                         group=PREEMPTION, metavar="N")
-    signal_grace: Annotated[int, Ge(10)] | None = setting(None, "seconds of warning before the time limit", group=PREEMPTION,
-                                                          metavar="SECONDS", help="warning this long before the time limit")
-    on_failure: Literal["fail", "requeue"] | None = setting(None, "a crashed run: fail, or requeue within the budget",
-                                                            group=PREEMPTION)
+        None,
+        "save and requeue before the limit / on the warning signal",
+        group=PREEMPTION,
+        help="save and requeue before the time limit or on the warning signal (default: the site's)",
+    )
+    max_restarts: Annotated[int, Ge(0)] | None = setting(
+        None, "requeues allowed before the job stops for good", group=PREEMPTION, metavar="N"
+    )
+    signal_grace: Annotated[int, Ge(10)] | None = setting(
+        None,
+        "seconds of warning before the time limit",
+        group=PREEMPTION,
+        metavar="SECONDS",
+        help="warning this long before the time limit",
+    )
+    on_failure: Literal["fail", "requeue"] | None = setting(
+        None, "a crashed run: fail, or requeue within the budget", group=PREEMPTION
+    )
     # failures nobody announces (docs/failures.md); defaults: the site's health section
     hang_timeout: Annotated[float | None, Before(optional_duration)] = setting(
-        None, "no step for this long is a hang: dump stacks, name the rank, restart (300, 5m, off)", group=PREEMPTION,
-        metavar="DURATION", help="no step for this long is a hang: stacks dumped, the rank named, the run restarted "
-                                 "(300, 5m, off; default: learned from the run's step time)")
+        None,
+        "no step for this long is a hang: dump stacks, name the rank, restart (300, 5m, off)",
+        group=PREEMPTION,
+        metavar="DURATION",
+        help="no step for this long is a hang: stacks dumped, the rank named, the run restarted "
+        "(300, 5m, off; default: learned from the run's step time)",
+    )
     spare_nodes: Annotated[int, Ge(0)] = setting(
-        0, "extra nodes in the allocation: a run that fails for a node restarts on them at once, without a requeue",
-        group=PREEMPTION, metavar="K", help="allocate K more nodes; a run that fails for a node (a hang, a crash there) "
-                                            "restarts on the others inside the allocation, without a requeue or a queue wait")
+        0,
+        "extra nodes in the allocation: a run that fails for a node restarts on them at once, without a requeue",
+        group=PREEMPTION,
+        metavar="K",
+        help="allocate K more nodes; a run that fails for a node (a hang, a crash there) "
+        "restarts on the others inside the allocation, without a requeue or a queue wait",
+    )
     node_check: bool | None = setting(
-        None, "check every node (GPUs, fabric, the job folder) before a run trains on it; a failing node is avoided",
-        group=PREEMPTION, help="check every node (GPUs, fabric, the job folder) before a run trains on it; a node "
-                               "that fails is replaced by a spare or avoided by a requeue (default: the site's)")
+        None,
+        "check every node (GPUs, fabric, the job folder) before a run trains on it; a failing node is avoided",
+        group=PREEMPTION,
+        help="check every node (GPUs, fabric, the job folder) before a run trains on it; a node "
+        "that fails is replaced by a spare or avoided by a requeue (default: the site's)",
+    )
     straggler_threshold: Annotated[float, Ge(0), Le(10)] | None = setting(
-        None, "name a rank this much slower than the median (0.2 = 20 %; 0: off)", group=PREEMPTION, metavar="FRACTION",
-        help="name a rank slower than the median by more than this (default 0.2 = 20 %; 0: off)")
-    checkpoint_every: Annotated[int, Ge(1)] | None = setting(None, "save every N steps (ckpt.step)", group=PREEMPTION,
-                                                             metavar="N", help="save every N steps",
-                                                             env=contract.ENV_CHECKPOINT_EVERY)
-    keep_checkpoints: Annotated[int, Ge(1)] | None = setting(None, "how many complete checkpoints to keep", group=PREEMPTION,
-                                                             metavar="K", help="complete checkpoints to keep (default 2)",
-                                                             env=contract.ENV_KEEP_CHECKPOINTS)
-    async_checkpoint: bool | None = setting(None, "write periodic checkpoints in the background", group=PREEMPTION,
-                                            env=contract.ENV_ASYNC_CHECKPOINT)
+        None,
+        "name a rank this much slower than the median (0.2 = 20 %; 0: off)",
+        group=PREEMPTION,
+        metavar="FRACTION",
+        help="name a rank slower than the median by more than this (default 0.2 = 20 %; 0: off)",
+    )
+    checkpoint_every: Annotated[int, Ge(1)] | None = setting(
+        None,
+        "save every N steps (ckpt.step)",
+        group=PREEMPTION,
+        metavar="N",
+        help="save every N steps",
+        env=contract.ENV_CHECKPOINT_EVERY,
+    )
+    keep_checkpoints: Annotated[int, Ge(1)] | None = setting(
+        None,
+        "how many complete checkpoints to keep",
+        group=PREEMPTION,
+        metavar="K",
+        help="complete checkpoints to keep (default 2)",
+        env=contract.ENV_KEEP_CHECKPOINTS,
+    )
+    async_checkpoint: bool | None = setting(
+        None, "write periodic checkpoints in the background", group=PREEMPTION, env=contract.ENV_ASYNC_CHECKPOINT
+    )
     restart_from_scratch: bool | None = setting(
-        None, "when checkpoints exist but none loads, set them aside and train from step 0 instead of failing",
-        group=PREEMPTION, negatable=False, env=contract.ENV_RESTART_FROM_SCRATCH,
+        None,
+        "when checkpoints exist but none loads, set them aside and train from step 0 instead of failing",
+        group=PREEMPTION,
+        negatable=False,
+        env=contract.ENV_RESTART_FROM_SCRATCH,
         help="when the job's checkpoints exist but none loads (damaged), set them aside and train from step 0 instead "
-             "of failing (a checkpoint that loads is still resumed from)")
-    exact_resume: bool | None = setting(None, "fixed DDP gradient buckets so a resumed run is bit-identical",
-                                        group=PREEMPTION, env=contract.ENV_EXACT_RESUME,
-                                        help="fix DDP's gradient buckets so resumed runs are bit-identical (default on)")
-    metrics: bool | None = setting(None, "per-step metrics files in the job folder (on unless False)", group=TRAINING,
-                                   env=contract.ENV_METRICS,
-                                   help="record step time, throughput, loss, communication (default on; see `report`)")
+        "of failing (a checkpoint that loads is still resumed from)",
+    )
+    exact_resume: bool | None = setting(
+        None,
+        "fixed DDP gradient buckets so a resumed run is bit-identical",
+        group=PREEMPTION,
+        env=contract.ENV_EXACT_RESUME,
+        help="fix DDP's gradient buckets so resumed runs are bit-identical (default on)",
+    )
+    metrics: bool | None = setting(
+        None,
+        "per-step metrics files in the job folder (on unless False)",
+        group=TRAINING,
+        env=contract.ENV_METRICS,
+        help="record step time, throughput, loss, communication (default on; see `report`)",
+    )
     # tensor / pipeline parallel layout (hpc_train.submission.layout); checked against the resources by the plan
     parallel: Annotated[str | dict[str, int] | None, After(_parallel)] = setting(
-        None, "process mesh sizes, e.g. 'dp=2,tp=2,pp=1'", group=TRAINING, metavar="dp=N,tp=N,pp=N",
-        help="data/tensor/pipeline parallel layout; dp x tp x pp = nodes x processes per node")
+        None,
+        "process mesh sizes, e.g. 'dp=2,tp=2,pp=1'",
+        group=TRAINING,
+        metavar="dp=N,tp=N,pp=N",
+        help="data/tensor/pipeline parallel layout; dp x tp x pp = nodes x processes per node",
+    )
     # dependencies (sbatch --dependency): start after these jobs or sweeps; hpc_train.sweeps.submit expands sweep ids
     after: Annotated[list[str], Before(_after)] = setting(
-        doc="job ids this job waits for (--after)", factory=list, group=DEPENDENCIES, metavar="JOB",
-        help="start after this job or sweep (repeatable; ids may be comma-separated)")
+        doc="job ids this job waits for (--after)",
+        factory=list,
+        group=DEPENDENCIES,
+        metavar="JOB",
+        help="start after this job or sweep (repeatable; ids may be comma-separated)",
+    )
     after_type: Literal["afterok", "afterany", "afternotok", "after", "aftercorr"] = setting(
-        "afterok", "how --after jobs must end: afterok (succeeded), afterany, afternotok, after (started)",
-        group=DEPENDENCIES, help="how the --after jobs must end (default afterok: succeeded; afterany: ended at all)")
+        "afterok",
+        "how --after jobs must end: afterok (succeeded), afterany, afternotok, after (started)",
+        group=DEPENDENCIES,
+        help="how the --after jobs must end (default afterok: succeeded; afterany: ended at all)",
+    )

@@ -76,8 +76,9 @@ def default_search_dirs(plugin_dirs: Iterable[tuple[Path, str]] = ()) -> list[tu
 class SiteRegistry:
     """All site files visible from the search path; the first folder that has a name wins."""
 
-    def __init__(self, search_dirs: Sequence[tuple[Path, str]],
-                 check: Callable[[str, Collection[str]], None] | None = None) -> None:
+    def __init__(
+        self, search_dirs: Sequence[tuple[Path, str]], check: Callable[[str, Collection[str]], None] | None = None
+    ) -> None:
         self.search_dirs = list(search_dirs)
         # refuses a name that a broken plugin ships (Plugins.check_site), asked by name or through extends
         self.check = check
@@ -138,6 +139,7 @@ class SiteRegistry:
         try:
             config = validate(SiteConfig, data)
         except ValidationError as exc:
+
             def source_of(loc: Loc) -> str:
                 return _lookup(provenance, loc)[0] or display_path(path)
 
@@ -153,8 +155,13 @@ class SiteRegistry:
         flat = {".".join(map(str, loc)): value for loc, value in provenance.items()}
         return ResolvedSite(config, path, chain, flat, digests)
 
-    def _load_chain(self, path: Path, seen: list[Path], digests: dict[str, str], unsafe: list[Problem],
-                    ) -> tuple[dict[str, Any], dict[Loc, tuple[str, int | None]], list[Path]]:
+    def _load_chain(
+        self,
+        path: Path,
+        seen: list[Path],
+        digests: dict[str, str],
+        unsafe: list[Problem],
+    ) -> tuple[dict[str, Any], dict[Loc, tuple[str, int | None]], list[Path]]:
         from hpc_train.config.yaml_lines import (  # YAML only when no cached site will do
             parse_yaml,
             read_bytes,
@@ -168,8 +175,11 @@ class SiteRegistry:
         digests[str(path)] = site_cache.digest(raw)
         data, lines = parse_yaml(raw, display)
         if data is None:  # an empty file, or only comments: a file that lost its contents, not a site
-            raise ConfigError(Problem(display, "", "the site file is empty",
-                                      hint="a site needs at least one key, e.g. 'extends: generic-slurm'"))
+            raise ConfigError(
+                Problem(
+                    display, "", "the site file is empty", hint="a site needs at least one key, e.g. 'extends: generic-slurm'"
+                )
+            )
         if not isinstance(data, dict):
             raise ConfigError(Problem(display, "", f"a site file must be a mapping of keys, got {type(data).__name__}", 1))
         unsafe.extend(unsafe_text(data, lines, display))
@@ -179,7 +189,9 @@ class SiteRegistry:
         if parent_name is None:
             return data, own, [path]
         if not isinstance(parent_name, str):
-            raise ConfigError(Problem(display, "extends", f"expected a site name or path, got {parent_name!r}", lines.get(("extends",))))
+            raise ConfigError(
+                Problem(display, "extends", f"expected a site name or path, got {parent_name!r}", lines.get(("extends",)))
+            )
         try:
             parent_path = self.locate(parent_name, relative_to=path.parent)
         except (UnknownNameError, PluginError) as exc:
@@ -248,7 +260,9 @@ def unsafe_text(data: Any, lines: dict[Loc, int], display: str, loc: Loc = ()) -
             here = loc + (str(key),)
             char = unsafe_char(str(key))
             if char is not None:
-                problems.append(Problem(display, ".".join(map(str, here)), f"a key must not contain {kind_of(char)}", lines.get(here)))
+                problems.append(
+                    Problem(display, ".".join(map(str, here)), f"a key must not contain {kind_of(char)}", lines.get(here))
+                )
                 continue
             problems += unsafe_text(value, lines, display, here)
     elif isinstance(data, list):
@@ -257,7 +271,9 @@ def unsafe_text(data: Any, lines: dict[Loc, int], display: str, loc: Loc = ()) -
     elif isinstance(data, str):
         char = unsafe_char(data, allow=_MULTILINE_OK.get(loc[:-1], ""))
         if char is not None:
-            problems.append(Problem(display, ".".join(map(str, loc)), f"must not contain {kind_of(char)}", _lookup_line(lines, loc)))
+            problems.append(
+                Problem(display, ".".join(map(str, loc)), f"must not contain {kind_of(char)}", _lookup_line(lines, loc))
+            )
     return problems
 
 
@@ -270,9 +286,13 @@ def _lookup_line(lines: dict[Loc, int], loc: Loc) -> int | None:
 
 def _not_about(found: list[Problem], unsafe: list[Problem]) -> list[Problem]:
     """The model's problems, less those about a value already reported for its characters."""
+
     def covered(problem: Problem) -> bool:
-        return any(u.source == problem.source and (u.key == problem.key or u.key.startswith(problem.key + ".")
-                                                   or problem.key.startswith(u.key + ".")) for u in unsafe)
+        return any(
+            u.source == problem.source
+            and (u.key == problem.key or u.key.startswith(problem.key + ".") or problem.key.startswith(u.key + "."))
+            for u in unsafe
+        )
 
     return [p for p in found if not covered(p)]
 
@@ -299,12 +319,18 @@ def check_site(config: SiteConfig, provenance: dict[Loc, tuple[str, int | None]]
     from hpc_train.errors import did_you_mean
 
     if config.default_partition and config.partitions and config.default_partition not in config.partitions:
-        problem(("default_partition",), f"no partition named {config.default_partition!r}",
-                did_you_mean(config.default_partition, config.partitions, "partition"))
+        problem(
+            ("default_partition",),
+            f"no partition named {config.default_partition!r}",
+            did_you_mean(config.default_partition, config.partitions, "partition"),
+        )
     for name, part in config.partitions.items():
         if part.nccl_profile is not None and part.nccl_profile not in config.nccl_profiles:
-            problem(("partitions", name, "nccl_profile"), f"no NCCL profile named {part.nccl_profile!r}",
-                    did_you_mean(part.nccl_profile, config.nccl_profiles, "profile"))
+            problem(
+                ("partitions", name, "nccl_profile"),
+                f"no NCCL profile named {part.nccl_profile!r}",
+                did_you_mean(part.nccl_profile, config.nccl_profiles, "profile"),
+            )
     if config.container.runtime != "none" and not config.container.image:
         problem(("container", "image"), f"container runtime {config.container.runtime!r} needs an image")
     for name, part in config.partitions.items():
@@ -319,12 +345,21 @@ def _time_problems(config: SiteConfig, part: Any) -> list[tuple[Loc, str]]:
         return []
     default = parse_slurm_time(part.default_time)
     if part.max_time is not None and default > parse_slurm_time(part.max_time):
-        return [(("default_time",), f"{format_slurm_time(default)} is longer than max_time "
-                 f"{format_slurm_time(parse_slurm_time(part.max_time))}")]
+        return [
+            (
+                ("default_time",),
+                f"{format_slurm_time(default)} is longer than max_time {format_slurm_time(parse_slurm_time(part.max_time))}",
+            )
+        ]
     grace = config.requeue.grace_seconds
     if config.scheduler == "slurm" and config.requeue.enabled and grace >= default:
-        return [(("default_time",), f"{format_slurm_time(default)} leaves no time before the requeue warning "
-                 f"(requeue.grace_seconds: {grace} s before the limit)")]
+        return [
+            (
+                ("default_time",),
+                f"{format_slurm_time(default)} leaves no time before the requeue warning "
+                f"(requeue.grace_seconds: {grace} s before the limit)",
+            )
+        ]
     return []
 
 

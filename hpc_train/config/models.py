@@ -27,9 +27,14 @@ MEM_FORMS = "a number of megabytes (64000), or one with a unit K, M, G or T (500
 MEM_UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 # sbatch options hpc_train sets itself, and what sets them instead; a second value would contradict the plan
 RESERVED_SBATCH = {
-    "nodes": "--nodes", "ntasks-per-node": "--procs-per-node", "ntasks": "--nodes and --procs-per-node",
-    "output": "job_root", "error": "job_root", "job-name": "--job-name",
-    "time": "--time, or a partition's default_time", "partition": "--partition, or default_partition",
+    "nodes": "--nodes",
+    "ntasks-per-node": "--procs-per-node",
+    "ntasks": "--nodes and --procs-per-node",
+    "output": "job_root",
+    "error": "job_root",
+    "job-name": "--job-name",
+    "time": "--time, or a partition's default_time",
+    "partition": "--partition, or default_partition",
     "gres": "--gpus-per-node, or a partition's gpus_per_node and gpu_type",
 }
 
@@ -123,8 +128,9 @@ def _storage_key(key: str) -> str:
     if not STORAGE_KEY.fullmatch(key):
         fixed = key.replace("-", "_").replace(".", "_")
         hint = f"; did you mean {fixed!r}?" if STORAGE_KEY.fullmatch(fixed) else ""
-        raise ValueError(f"{key!r} is not a storage name: letters, digits and _ (it becomes the variable "
-                         f"HPC_TRAIN_<NAME>_DIR){hint}")
+        raise ValueError(
+            f"{key!r} is not a storage name: letters, digits and _ (it becomes the variable HPC_TRAIN_<NAME>_DIR){hint}"
+        )
     return key
 
 
@@ -154,8 +160,10 @@ def _template_name(value: str) -> str:
     name = value.removeprefix("default:")
     parts = name.split("/")
     if not name or name.startswith("/") or "\\" in name or any(p in ("", ".", "..") for p in parts):
-        raise ValueError(f"{value!r} is not a template name: a relative path inside template_dirs "
-                         "(no '..', not absolute), or 'default:sbatch/base.sh.j2'")
+        raise ValueError(
+            f"{value!r} is not a template name: a relative path inside template_dirs "
+            "(no '..', not absolute), or 'default:sbatch/base.sh.j2'"
+        )
     return value
 
 
@@ -183,7 +191,8 @@ class Preflight(Model):
     busbw_gbs: Annotated[float, Gt(0)] | None = setting(None, "least bus bandwidth at the largest message size")
     pair_busbw_gbs: Annotated[float, Gt(0)] | None = setting(None, "least bus bandwidth any node pair may show")
     max_size: Annotated[str, Pattern(r"^[0-9]+[KMG]?$")] = setting(
-        "1G", "largest all-reduce message (sizes go 1M, 4M, ... up to it)")
+        "1G", "largest all-reduce message (sizes go 1M, 4M, ... up to it)"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -226,8 +235,12 @@ class Requeue(Model):
     signal: Literal["USR1", "USR2", "TERM", "INT", "HUP"] = setting("USR2", "the warning signal (USR1 can be taken by NCCL)")
     grace_seconds: Annotated[int, Ge(10), Before(_integer)] = setting(120, "how long before the time limit the warning comes")
     max_restarts: Count = setting(3, "requeues a job may have before it stops for good")
-    on_failure: Literal["fail", "requeue"] = setting("fail", "a run that crashes: fail the job, or requeue it (within the budget)")
-    release_held: bool = setting(False, "submit --wait and wait() release a requeued job at once instead of after Slurm's ~2 min hold")
+    on_failure: Literal["fail", "requeue"] = setting(
+        "fail", "a run that crashes: fail the job, or requeue it (within the budget)"
+    )
+    release_held: bool = setting(
+        False, "submit --wait and wait() release a requeued job at once instead of after Slurm's ~2 min hold"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -235,12 +248,15 @@ class Health(Model):
     """What the job watches for that the scheduler does not announce (docs/failures.md)."""
 
     hang_timeout: Annotated[float | None, Before(optional_duration)] = setting(
-        None, "no step for this long is a hang (300, 5m, off); default: learned from the run's step time")
+        None, "no step for this long is a hang (300, 5m, off); default: learned from the run's step time"
+    )
     straggler_threshold: Annotated[float, Ge(0), Le(10)] = setting(
-        0.2, "a rank this much slower than the median (0.2 = 20 %) is named; 0 turns it off")
+        0.2, "a rank this much slower than the median (0.2 = 20 %) is named; 0 turns it off"
+    )
     exclude_suspect_nodes: bool = setting(True, "a requeue after a hang or crash avoids the node it was on")
     node_check: bool = setting(
-        False, "check every node (GPUs, fabric, the job folder) before a run trains on it; a failing node is avoided")
+        False, "check every node (GPUs, fabric, the job folder) before a run trains on it; a failing node is avoided"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -258,12 +274,15 @@ class SiteConfig(Model):
     setup: list[str] = setting(doc="shell lines the site runs before launch", factory=list)
     env: Env = setting(factory=dict)
     nccl_profiles: Annotated[dict[str, NcclProfile], After(_profile_names)] = setting(
-        doc="named sets of NCCL/fabric variables; 'extends: other' inherits one", factory=dict)
+        doc="named sets of NCCL/fabric variables; 'extends: other' inherits one", factory=dict
+    )
     preflight: Preflight | None = setting(None, "what `preflight` expects of the fabric (default: no figure)")
     container: Container = setting(factory=Container)
     requeue: Requeue = setting(factory=Requeue)
     health: Health = setting(factory=Health)
-    storage: dict[Annotated[str, After(_storage_key)], str] = setting(doc="named shared paths, exported as HPC_TRAIN_<NAME>_DIR", factory=dict)
+    storage: dict[Annotated[str, After(_storage_key)], str] = setting(
+        doc="named shared paths, exported as HPC_TRAIN_<NAME>_DIR", factory=dict
+    )
     job_root: str = setting("~/hpc_train/jobs", "where job folders (logs, scripts, results) go; must be shared")
     python: str | None = setting(None, "python on the compute nodes; default: the submitting interpreter")
     slurm_conf: str | None = setting(None, "SLURM_CONF for the login side, when not the system default")

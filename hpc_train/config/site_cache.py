@@ -70,8 +70,10 @@ def write(resolved: ResolvedSite, visible: dict[str, Path]) -> None:
         return
     try:
         # the digests of what was parsed, not of the files now: an edit made meanwhile must not be hidden
-        data = pickle.dumps({"format": FORMAT, "fingerprint": _fingerprint(resolved.digests, visible), "resolved": resolved},
-                            protocol=pickle.HIGHEST_PROTOCOL)
+        data = pickle.dumps(
+            {"format": FORMAT, "fingerprint": _fingerprint(resolved.digests, visible), "resolved": resolved},
+            protocol=pickle.HIGHEST_PROTOCOL,
+        )
     except Exception:
         return
     write_atomic(entry, data)

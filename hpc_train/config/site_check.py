@@ -34,18 +34,19 @@ def backend_problems(resolved: ResolvedSite, backends: Mapping[str, Any]) -> lis
         prefix: Loc = ("backends", name)
         if name not in backends:
             source, line = _where(resolved, dotted(prefix))
-            problems.append(Problem(source, dotted(prefix), "no such backend", line,
-                                    did_you_mean(name, backends, "backend")))
+            problems.append(Problem(source, dotted(prefix), "no such backend", line, did_you_mean(name, backends, "backend")))
             continue
         model = backends[name].Options
         try:
             validate(model, options)
         except ValidationError as exc:
             problems += problems_from_validation(
-                exc, model,
+                exc,
+                model,
                 source=lambda loc, p=prefix: _where(resolved, dotted(p + loc))[0],  # type: ignore[misc]
                 line_of=lambda loc, p=prefix: _where(resolved, dotted(p + loc))[1],  # type: ignore[misc]
-                prefix=prefix)
+                prefix=prefix,
+            )
     return problems
 
 

@@ -85,8 +85,9 @@ def _entry_path(cls: type) -> Path | None:
         return None
     from hpc_train import __version__
 
-    key = "\0".join([cls.__module__, cls.__qualname__, str(_module_file(cls.__module__)),
-                     CORE_VERSION, sys.version, __version__, str(FORMAT)])
+    key = "\0".join(
+        [cls.__module__, cls.__qualname__, str(_module_file(cls.__module__)), CORE_VERSION, sys.version, __version__, str(FORMAT)]
+    )
     return folder / f"{cls.__qualname__}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.pickle"
 
 

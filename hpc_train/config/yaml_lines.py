@@ -27,8 +27,13 @@ MAX_DEPTH = 64
 _TAG = "tag:yaml.org,2002:"
 MERGE = _TAG + "merge"
 _SCALAR_TAGS = {_TAG + t for t in ("str", "int", "float", "bool", "null", "timestamp")}
-_KINDS = {_TAG + "int": "a number", _TAG + "float": "a number", _TAG + "bool": "true/false",
-          _TAG + "null": "null", _TAG + "timestamp": "a date"}
+_KINDS = {
+    _TAG + "int": "a number",
+    _TAG + "float": "a number",
+    _TAG + "bool": "true/false",
+    _TAG + "null": "null",
+    _TAG + "timestamp": "a date",
+}
 
 _Base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser: several times faster on a login node
 
@@ -38,8 +43,10 @@ class _Loader(_Base):  # type: ignore[misc]
     to a Slurm time field. Without them it stays the text Slurm reads as twelve hours."""
 
     yaml_implicit_resolvers: ClassVar[dict[str, list[tuple[str, re.Pattern[str]]]]] = {
-        first: [(tag, re.compile(r"(?!.*:)" + regex.pattern, regex.flags) if tag in (_TAG + "int", _TAG + "float") else regex)
-                for tag, regex in resolvers]
+        first: [
+            (tag, re.compile(r"(?!.*:)" + regex.pattern, regex.flags) if tag in (_TAG + "int", _TAG + "float") else regex)
+            for tag, regex in resolvers
+        ]
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
     }
 
@@ -112,7 +119,7 @@ def _syntax_problem(exc: yaml.MarkedYAMLError, display: str) -> Problem:
 
 
 def _tag(node: yaml.Node) -> str:
-    return "!!" + node.tag[len(_TAG):] if node.tag.startswith(_TAG) else node.tag
+    return "!!" + node.tag[len(_TAG) :] if node.tag.startswith(_TAG) else node.tag
 
 
 def _line(node: yaml.Node) -> int:
@@ -142,8 +149,15 @@ def _check_shape(root: yaml.Node, display: str) -> None:
             size[key] = 1 + sum(size[id(kid)] for kid in kids)
             depth[key] = 1 + max((depth[id(kid)] for kid in kids), default=0)
             if size[key] > MAX_VALUES:
-                raise ConfigError(Problem(display, "", f"this value holds more than {MAX_VALUES} values once its "
-                                          "aliases are expanded (an alias bomb?); a site file has hundreds", _line(node)))
+                raise ConfigError(
+                    Problem(
+                        display,
+                        "",
+                        f"this value holds more than {MAX_VALUES} values once its "
+                        "aliases are expanded (an alias bomb?); a site file has hundreds",
+                        _line(node),
+                    )
+                )
             if depth[key] > MAX_DEPTH:
                 raise ConfigError(Problem(display, "", f"values are nested more than {MAX_DEPTH} levels deep", _line(node)))
             continue
@@ -186,8 +200,12 @@ def _check_scalar(loader: Any, node: yaml.Node, where: str, problems: list[Probl
             problems.append(Problem(display, where, f"cannot read {node.value[:40]!r} as {_KINDS[node.tag]}", _line(node)))
 
 
-def _pairs(node: yaml.MappingNode, loc: Loc, problems: list[Problem], display: str,
-           ) -> list[tuple[str, int, yaml.Node]]:
+def _pairs(
+    node: yaml.MappingNode,
+    loc: Loc,
+    problems: list[Problem],
+    display: str,
+) -> list[tuple[str, int, yaml.Node]]:
     """(key, line, value) as the mapping means them: its own keys, then what ``<<`` merges in
     (earlier merges win over later ones, as PyYAML builds it); a key written twice is an error."""
     own: dict[str, tuple[str, int, yaml.Node]] = {}
@@ -211,8 +229,14 @@ def _merged(value: yaml.Node, loc: Loc, problems: list[Problem], display: str) -
     out: list[tuple[str, int, yaml.Node]] = []
     for source in sources:
         if not isinstance(source, yaml.MappingNode):
-            problems.append(Problem(display, ".".join(map(str, loc + ("<<",))),
-                                    "a merge key (<<) takes an alias of a mapping, or a list of them", _line(source)))
+            problems.append(
+                Problem(
+                    display,
+                    ".".join(map(str, loc + ("<<",))),
+                    "a merge key (<<) takes an alias of a mapping, or a list of them",
+                    _line(source),
+                )
+            )
             continue
         out.extend(_pairs(source, loc, [], display))  # its own duplicates are reported where it is written
     return out
@@ -223,6 +247,12 @@ def _key(node: yaml.Node, loc: Loc, problems: list[Problem], display: str) -> st
         return str(node.value)
     text = str(node.value) if isinstance(node, yaml.ScalarNode) else "?"
     what = _KINDS.get(node.tag, "a list or mapping") if isinstance(node, yaml.ScalarNode) else "a list or mapping"
-    problems.append(Problem(display, ".".join(map(str, loc + (text,))),
-                            f"a key must be a name, this one is read as {what} (quote it)", _line(node)))
+    problems.append(
+        Problem(
+            display,
+            ".".join(map(str, loc + (text,))),
+            f"a key must be a name, this one is read as {what} (quote it)",
+            _line(node),
+        )
+    )
     return text

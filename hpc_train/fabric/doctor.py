@@ -51,8 +51,7 @@ class Report:
         return FAIL if FAIL in statuses else WARN if WARN in statuses else OK
 
     def to_dict(self) -> dict[str, Any]:
-        return {"host": self.host, "context": self.context, "status": self.status,
-                "checks": [asdict(c) for c in self.checks]}
+        return {"host": self.host, "context": self.context, "status": self.status, "checks": [asdict(c) for c in self.checks]}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Report:
@@ -63,8 +62,7 @@ def run_command(cmd: list[str], timeout: float = 20, env: Mapping[str, str] | No
     if shutil.which(cmd[0]) is None:
         return None, ""
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env=dict(env) if env else None, check=False)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(env) if env else None, check=False)
     except subprocess.TimeoutExpired:
         return 124, f"timed out after {timeout:.0f} s"
     except OSError as exc:
@@ -113,7 +111,7 @@ class Topology:
     cpu_affinity: dict[str, str]
 
     def gpu_pairs(self) -> list[tuple[str, str, str]]:
-        return [(a, b, self.links[(a, b)]) for i, a in enumerate(self.gpus) for b in self.gpus[i + 1:] if (a, b) in self.links]
+        return [(a, b, self.links[(a, b)]) for i, a in enumerate(self.gpus) for b in self.gpus[i + 1 :] if (a, b) in self.links]
 
     def nvlink_pairs(self) -> int:
         return sum(1 for _, _, kind in self.gpu_pairs() if kind.startswith("NV"))
@@ -137,7 +135,7 @@ def parse_topo(text: str) -> Topology:
     columns = [c.strip() for c in lines[header_at].strip("\t").split("\t")]
     devices = [c for c in columns if re.fullmatch(r"(GPU|NIC)\d+|mlx\d+_\d+", c)]
     topo = Topology([d for d in devices if d.startswith("GPU")], {}, {}, {})
-    for line in lines[header_at + 1:]:
+    for line in lines[header_at + 1 :]:
         if not line.strip() or line.startswith("Legend"):
             break
         cells = [c.strip() for c in line.split("\t")]
@@ -198,13 +196,27 @@ def check_gpus(ctx: Context, run: Runner) -> list[Check]:
     code, header = run(["nvidia-smi"])
     if code is None:
         if ctx.in_job and ctx.expected_gpus:
-            return [Check("gpus", FAIL, f"no GPU: nvidia-smi not found, but partition {ctx.partition!r} has {ctx.expected_gpus} per node",
-                          "the node lacks the NVIDIA driver; drain it and tell the admins")]
+            return [
+                Check(
+                    "gpus",
+                    FAIL,
+                    f"no GPU: nvidia-smi not found, but partition {ctx.partition!r} has {ctx.expected_gpus} per node",
+                    "the node lacks the NVIDIA driver; drain it and tell the admins",
+                )
+            ]
         later = f"; `doctor --submit -p {ctx.partition}` checks the GPU nodes" if ctx.expected_gpus else ""
-        return [Check("gpus", OK, f"no GPU on this machine (nvidia-smi not found): GPU, topology and NVLink checks skipped{later}")]
+        return [
+            Check("gpus", OK, f"no GPU on this machine (nvidia-smi not found): GPU, topology and NVLink checks skipped{later}")
+        ]
     if code != 0:
-        return [Check("gpus", FAIL, "nvidia-smi failed: " + (header.strip().splitlines() or ["no output"])[0],
-                      "the driver is not loaded or a GPU fell off the bus; check `dmesg`, reboot or drain the node")]
+        return [
+            Check(
+                "gpus",
+                FAIL,
+                "nvidia-smi failed: " + (header.strip().splitlines() or ["no output"])[0],
+                "the driver is not loaded or a GPU fell off the bus; check `dmesg`, reboot or drain the node",
+            )
+        ]
     driver, cuda = parse_smi_header(header)
     _, listing = run(["nvidia-smi", "--query-gpu=index,name,pci.bus_id,driver_version,memory.total", "--format=csv,noheader"])
     gpus = parse_query_gpu(listing)
@@ -213,8 +225,14 @@ def check_gpus(ctx: Context, run: Runner) -> list[Check]:
     summary = f"{len(gpus)} x {', '.join(models) or 'unknown'}{memory}, driver {driver}, CUDA {cuda}"
     checks = []
     if ctx.expected_gpus and len(gpus) < ctx.expected_gpus:
-        checks.append(Check("gpus", FAIL if ctx.in_job else WARN, summary + f"; partition {ctx.partition!r} promises {ctx.expected_gpus}",
-                            "a GPU is missing or hidden: check `nvidia-smi -q` and the node's gres.conf"))
+        checks.append(
+            Check(
+                "gpus",
+                FAIL if ctx.in_job else WARN,
+                summary + f"; partition {ctx.partition!r} promises {ctx.expected_gpus}",
+                "a GPU is missing or hidden: check `nvidia-smi -q` and the node's gres.conf",
+            )
+        )
     elif len(models) > 1:
         checks.append(Check("gpus", WARN, summary, "mixed GPU models on one node: the slowest sets the pace"))
     else:
@@ -238,36 +256,62 @@ def check_topology(topo: Topology, models: list[str], env: Mapping[str, str]) ->
     if pairs and nvlink == len(pairs):
         summary = f"all {len(topo.gpus)} GPUs pairwise on NVLink ({', '.join(kinds)})"
     elif nvlink:
-        summary = f"{nvlink} of {len(pairs)} GPU pairs on NVLink; the rest over {', '.join(k for k in kinds if not k.startswith('NV'))}"
+        summary = (
+            f"{nvlink} of {len(pairs)} GPU pairs on NVLink; the rest over {', '.join(k for k in kinds if not k.startswith('NV'))}"
+        )
     else:
         summary = f"no NVLink: GPUs talk over PCIe ({', '.join(kinds) or 'single GPU'})"
     if topo.nics:
         summary += f"; NICs {', '.join(topo.nics.values())}"
     consumer = any("GeForce" in m or "RTX" in m for m in models)
     if nvlink and not _is_off(env.get("NCCL_P2P_DISABLE")):
-        return Check("topology", WARN, summary, "the profile sets NCCL_P2P_DISABLE on an NVLink node: "
-                     "all-reduce goes through host memory; drop it (profile single-node-nvlink or infiniband)", details)
+        return Check(
+            "topology",
+            WARN,
+            summary,
+            "the profile sets NCCL_P2P_DISABLE on an NVLink node: "
+            "all-reduce goes through host memory; drop it (profile single-node-nvlink or infiniband)",
+            details,
+        )
     if not nvlink and env.get("NCCL_P2P_LEVEL", "").upper() == "NVL":
-        return Check("topology", WARN, summary, "the profile sets NCCL_P2P_LEVEL=NVL but there is no NVLink here: "
-                     "P2P is off; use a PCIe profile", details)
+        return Check(
+            "topology",
+            WARN,
+            summary,
+            "the profile sets NCCL_P2P_LEVEL=NVL but there is no NVLink here: P2P is off; use a PCIe profile",
+            details,
+        )
     if not nvlink and consumer and len(topo.gpus) > 1 and _is_off(env.get("NCCL_P2P_DISABLE")):
-        return Check("topology", WARN, summary, "consumer GPUs on PCIe: P2P hangs on many boards; "
-                     "use the pcie-consumer profile (NCCL_P2P_DISABLE=1)", details)
+        return Check(
+            "topology",
+            WARN,
+            summary,
+            "consumer GPUs on PCIe: P2P hangs on many boards; use the pcie-consumer profile (NCCL_P2P_DISABLE=1)",
+            details,
+        )
     return Check("topology", OK, summary, None, details)
 
 
 def check_nvlink(links: dict[int, dict[int, float | None]]) -> Check:
     if not links or not any(links.values()):
-        return Check("nvlink", FAIL, "topology shows NVLink but `nvidia-smi nvlink --status` lists no links",
-                     "NVSwitch systems need nvidia-fabricmanager running; check `systemctl status nvidia-fabricmanager`")
+        return Check(
+            "nvlink",
+            FAIL,
+            "topology shows NVLink but `nvidia-smi nvlink --status` lists no links",
+            "NVSwitch systems need nvidia-fabricmanager running; check `systemctl status nvidia-fabricmanager`",
+        )
     down = [f"GPU {g} link {link}" for g, per in sorted(links.items()) for link, speed in sorted(per.items()) if speed is None]
     counts = {len(per) for per in links.values()}
     speeds = sorted({s for per in links.values() for s in per.values() if s is not None})
     total = sum(len(per) for per in links.values())
     summary = f"{total - len(down)} of {total} links up ({'/'.join(map(str, sorted(counts)))} per GPU at {', '.join(f'{s:g}' for s in speeds)} GB/s)"
     if down:
-        return Check("nvlink", WARN, summary + f"; inactive: {', '.join(down[:4])}{' ...' if len(down) > 4 else ''}",
-                     "an NVLink is down: all-reduce slows to the weakest link; drain the node and report it")
+        return Check(
+            "nvlink",
+            WARN,
+            summary + f"; inactive: {', '.join(down[:4])}{' ...' if len(down) > 4 else ''}",
+            "an NVLink is down: all-reduce slows to the weakest link; drain the node and report it",
+        )
     return Check("nvlink", OK, summary)
 
 
@@ -280,7 +324,11 @@ def torch_build() -> tuple[str | None, str | None]:
     spec = importlib.util.find_spec("torch")
     cuda = None
     if spec is not None and spec.origin:
-        text = (Path(spec.origin).parent / "version.py").read_text(errors="replace") if (Path(spec.origin).parent / "version.py").is_file() else ""
+        text = (
+            (Path(spec.origin).parent / "version.py").read_text(errors="replace")
+            if (Path(spec.origin).parent / "version.py").is_file()
+            else ""
+        )
         found = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([0-9.]+)['\"]", text, re.MULTILINE)
         cuda = found.group(1) if found else None
     return version, cuda
@@ -300,14 +348,23 @@ def _major_minor(version: str | None) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
-def check_versions(driver_cuda: str | None, have_gpu: bool, site_modules: list[str],
-                   build: tuple[str | None, str | None] | None = None, nccl: str | None = None,
-                   in_job: bool = True) -> Check:
+def check_versions(
+    driver_cuda: str | None,
+    have_gpu: bool,
+    site_modules: list[str],
+    build: tuple[str | None, str | None] | None = None,
+    nccl: str | None = None,
+    in_job: bool = True,
+) -> Check:
     version, torch_cuda = build if build is not None else torch_build()
     nccl = nccl if build is not None else nccl_wheel()
     if version is None and not in_job:  # the login side never imports torch; the jobs' python must have it
-        return Check("versions", WARN, "torch is not installed in this Python (a login node needs none)",
-                     "jobs do: install torch in the python they run (the site's `python`, else this one)")
+        return Check(
+            "versions",
+            WARN,
+            "torch is not installed in this Python (a login node needs none)",
+            "jobs do: install torch in the python they run (the site's `python`, else this one)",
+        )
     if version is None:
         return Check("versions", FAIL, "torch is not installed in this Python", "pip install torch (the build for your CUDA)")
     parts = [f"torch {version}", f"built for CUDA {torch_cuda}" if torch_cuda else "CPU build"]
@@ -317,17 +374,37 @@ def check_versions(driver_cuda: str | None, have_gpu: bool, site_modules: list[s
     summary = ", ".join(parts)
     module = next((m for m in site_modules if m.lower().startswith("nccl/")), None)
     if have_gpu and torch_cuda is None:
-        return Check("versions", FAIL, summary, "this torch cannot use the GPUs: install a CUDA build (pip install torch --index-url .../cu121)")
+        return Check(
+            "versions",
+            FAIL,
+            summary,
+            "this torch cannot use the GPUs: install a CUDA build (pip install torch --index-url .../cu121)",
+        )
     need, have = _major_minor(torch_cuda), _major_minor(driver_cuda)
     if have_gpu and need and have:
         if need[0] > have[0]:
-            return Check("versions", FAIL, summary, f"the driver is too old for this torch: upgrade the driver or install torch built for CUDA {have[0]}.x")
+            return Check(
+                "versions",
+                FAIL,
+                summary,
+                f"the driver is too old for this torch: upgrade the driver or install torch built for CUDA {have[0]}.x",
+            )
         if need > have:
-            return Check("versions", WARN, summary, "torch was built for a newer CUDA minor than the driver supports: "
-                         "most kernels run (minor version compatibility), PTX JIT ones fail; upgrade the driver")
+            return Check(
+                "versions",
+                WARN,
+                summary,
+                "torch was built for a newer CUDA minor than the driver supports: "
+                "most kernels run (minor version compatibility), PTX JIT ones fail; upgrade the driver",
+            )
     if module and nccl and module.split("/", 1)[1] != nccl:
-        return Check("versions", WARN, summary, f"the site loads module {module} but torch uses its bundled NCCL {nccl}; "
-                     "only LD_PRELOAD or a source build uses the module's")
+        return Check(
+            "versions",
+            WARN,
+            summary,
+            f"the site loads module {module} but torch uses its bundled NCCL {nccl}; "
+            "only LD_PRELOAD or a source build uses the module's",
+        )
     return Check("versions", OK, summary)
 
 
@@ -361,31 +438,56 @@ def check_infiniband(ctx: Context, sys_root: Path) -> Check:
     ports = []
     for dev in sorted(root.iterdir()) if root.is_dir() else []:
         for port_dir in sorted((dev / "ports").iterdir()) if (dev / "ports").is_dir() else []:
-            ports.append((dev.name, int(port_dir.name), _read(port_dir / "state"), _read(port_dir / "rate"),
-                          _read(port_dir / "link_layer"), port_dir))
+            ports.append(
+                (
+                    dev.name,
+                    int(port_dir.name),
+                    _read(port_dir / "state"),
+                    _read(port_dir / "rate"),
+                    _read(port_dir / "link_layer"),
+                    port_dir,
+                )
+            )
     if not ports:
         if not wants_ib:
-            return Check("infiniband", OK, "no InfiniBand/RoCE devices" + (" (the profile does not use them)" if ctx.profile else ""))
-        return Check("infiniband", FAIL if ctx.in_job else WARN, f"no InfiniBand devices, but profile {ctx.profile!r} sets NCCL_IB_HCA",
-                     "on a compute node: the HCA driver (mlx5_ib) is not loaded; on a login node this is normal, "
-                     "use `doctor --submit`")
+            return Check(
+                "infiniband", OK, "no InfiniBand/RoCE devices" + (" (the profile does not use them)" if ctx.profile else "")
+            )
+        return Check(
+            "infiniband",
+            FAIL if ctx.in_job else WARN,
+            f"no InfiniBand devices, but profile {ctx.profile!r} sets NCCL_IB_HCA",
+            "on a compute node: the HCA driver (mlx5_ib) is not loaded; on a login node this is normal, use `doctor --submit`",
+        )
     details = [f"{d}:{p} {state.split(': ')[-1]} {rate} {layer}".strip() for d, p, state, rate, layer, _ in ports]
     active = [(d, p, layer, pd) for d, p, state, _, layer, pd in ports if "ACTIVE" in state]
     spec = env.get("NCCL_IB_HCA")
     usable = [a for a in active if not spec or _hca_matches(spec, a[0], a[1])]
     summary = f"{len(active)} of {len(ports)} ports active"
     if wants_ib and not usable:
-        return Check("infiniband", FAIL, summary + f"; none matches NCCL_IB_HCA={spec}",
-                     "NCCL falls back to TCP sockets (10-50x slower): fix NCCL_IB_HCA or the cabling", details)
+        return Check(
+            "infiniband",
+            FAIL,
+            summary + f"; none matches NCCL_IB_HCA={spec}",
+            "NCCL falls back to TCP sockets (10-50x slower): fix NCCL_IB_HCA or the cabling",
+            details,
+        )
     gid = env.get("NCCL_IB_GID_INDEX")
     roce = [a for a in usable if a[2].lower() == "ethernet"]
     if gid and roce:
         kind = _read(roce[0][3] / "gid_attrs" / "types" / gid)
         if kind and "v2" not in kind.lower():
-            return Check("infiniband", WARN, summary + f"; GID index {gid} on {roce[0][0]} is {kind}",
-                         "RoCE wants the RoCE v2 GID: `show_gids` lists them; set NCCL_IB_GID_INDEX to one", details)
+            return Check(
+                "infiniband",
+                WARN,
+                summary + f"; GID index {gid} on {roce[0][0]} is {kind}",
+                "RoCE wants the RoCE v2 GID: `show_gids` lists them; set NCCL_IB_GID_INDEX to one",
+                details,
+            )
     if any("ACTIVE" not in state for d, p, state, *_ in ports if not spec or _hca_matches(spec, d, p)):
-        return Check("infiniband", WARN, summary, "a port is down: jobs lose its bandwidth; check `ibstat` and the cable", details)
+        return Check(
+            "infiniband", WARN, summary, "a port is down: jobs lose its bandwidth; check `ibstat` and the cable", details
+        )
     return Check("infiniband", OK, summary + (f", {len(usable)} match NCCL_IB_HCA={spec}" if spec else ""), None, details)
 
 
@@ -403,10 +505,15 @@ def check_interfaces(ctx: Context, sys_root: Path) -> list[Check]:
             checks.append(Check(f"interface {var}", OK, f"{var}={spec}: {', '.join(up)} up"))
         else:
             seen = ", ".join(f"{n} ({s})" for n, s in interfaces.items()) or "none"
-            checks.append(Check(f"interface {var}", FAIL if ctx.in_job else WARN,
-                                f"{var}={spec} matches no interface that is up; here: {seen}",
-                                "bootstrap hangs or picks the wrong network: set the name the compute nodes use "
-                                "(`ip -br link` on one)" + ("" if ctx.in_job else "; a login node may differ, use `doctor --submit`")))
+            checks.append(
+                Check(
+                    f"interface {var}",
+                    FAIL if ctx.in_job else WARN,
+                    f"{var}={spec} matches no interface that is up; here: {seen}",
+                    "bootstrap hangs or picks the wrong network: set the name the compute nodes use "
+                    "(`ip -br link` on one)" + ("" if ctx.in_job else "; a login node may differ, use `doctor --submit`"),
+                )
+            )
     if not checks:
         checks.append(Check("interfaces", OK, "the profile names no socket interface (NCCL picks one itself)"))
     return checks
@@ -423,8 +530,12 @@ def check_slurm(ctx: Context, run: Runner) -> Check:
         return Check("slurm", FAIL, "sinfo not found", "load the Slurm module or run this on the cluster's login node")
     code, text = run(["sinfo", "-h", "-o", "%R|%a|%D|%T"])
     if code != 0:
-        return Check("slurm", FAIL, "the controller does not answer: " + (text.strip().splitlines() or ["no output"])[-1],
-                     "check SLURM_CONF / the site's slurm_conf, or ask the admins whether slurmctld is up")
+        return Check(
+            "slurm",
+            FAIL,
+            "the controller does not answer: " + (text.strip().splitlines() or ["no output"])[-1],
+            "check SLURM_CONF / the site's slurm_conf, or ask the admins whether slurmctld is up",
+        )
     seen: dict[str, dict[str, Any]] = {}
     for line in text.splitlines():
         parts = line.strip().split("|")
@@ -443,7 +554,11 @@ def check_slurm(ctx: Context, run: Runner) -> Check:
             continue
         states = ", ".join(f"{n} {s}" for s, n in sorted(found["states"].items()))
         details.append(f"{name}: {found['avail']}, {states}")
-        usable = sum(n for s, n in found["states"].items() if s.rstrip("*~#!%$@^-+").split("+")[0] in ("idle", "mixed", "allocated", "completing"))
+        usable = sum(
+            n
+            for s, n in found["states"].items()
+            if s.rstrip("*~#!%$@^-+").split("+")[0] in ("idle", "mixed", "allocated", "completing")
+        )
         if found["avail"] != "up":
             problems.append(f"partition {name} is {found['avail']}")
             fails = True
@@ -451,8 +566,13 @@ def check_slurm(ctx: Context, run: Runner) -> Check:
             problems.append(f"partition {name} has no usable node ({states})")
     summary = f"{version.strip() or 'slurm'}; {len(wanted)} partition(s) checked"
     if problems:
-        return Check("slurm", FAIL if fails else WARN, summary + "; " + "; ".join(problems),
-                     "fix the site file's partitions, or ask the admins (`sinfo -R` says why nodes are down)", details)
+        return Check(
+            "slurm",
+            FAIL if fails else WARN,
+            summary + "; " + "; ".join(problems),
+            "fix the site file's partitions, or ask the admins (`sinfo -R` says why nodes are down)",
+            details,
+        )
     return Check("slurm", OK, summary, None, details)
 
 
@@ -486,12 +606,19 @@ def check_site_config(ctx: Context) -> Check:
     n = len(ctx.site.nccl_profiles)
     summary = f"site {ctx.site.name}: {n} NCCL profile(s); job profile {ctx.profile or 'none'}"
     if ctx.site_warnings:
-        return Check("site config", WARN, summary, "see the details; `render` shows each warning with file:line", ctx.site_warnings)
+        return Check(
+            "site config", WARN, summary, "see the details; `render` shows each warning with file:line", ctx.site_warnings
+        )
     return Check("site config", OK, summary + "; every variable name checked")
 
 
-def diagnose(ctx: Context, run: Runner = run_command, sys_root: Path = Path("/sys"),
-             backends: Mapping[str, Any] | None = None, host: str | None = None) -> Report:
+def diagnose(
+    ctx: Context,
+    run: Runner = run_command,
+    sys_root: Path = Path("/sys"),
+    backends: Mapping[str, Any] | None = None,
+    host: str | None = None,
+) -> Report:
     checks = check_gpus(ctx, run)
     code, header = run(["nvidia-smi"])
     have_gpu = code == 0
@@ -526,11 +653,22 @@ def context_for(resolved: Any, partition: str | None, profile: str | None, envir
         env.update(part.env)
     selection = nccl.select(site.nccl_profiles, profile, part.nccl_profile if part else None, site.name)
     env.update({n: v for n, v, _ in selection.variables})
-    warnings = [f"{f.key}: {f.message}" for f in nccl.site_findings(
-        {"env": site.env, **{f"partitions.{p}.env": pt.env for p, pt in site.partitions.items()}}, site.nccl_profiles)]
+    warnings = [
+        f"{f.key}: {f.message}"
+        for f in nccl.site_findings(
+            {"env": site.env, **{f"partitions.{p}.env": pt.env for p, pt in site.partitions.items()}}, site.nccl_profiles
+        )
+    ]
     warnings += [f"nccl_profile: {m}" for m, _ in selection.problems]
-    return Context(site=site, partition=part_name, profile=selection.label, env=env, in_job=in_job,
-                   expected_gpus=part.gpus_per_node if part else 0, site_warnings=warnings)
+    return Context(
+        site=site,
+        partition=part_name,
+        profile=selection.label,
+        env=env,
+        in_job=in_job,
+        expected_gpus=part.gpus_per_node if part else 0,
+        site_warnings=warnings,
+    )
 
 
 # --- output ----------------------------------------------------------------------------------

@@ -24,7 +24,8 @@ DEBUG = "debug"
 
 # From the NCCL environment-variable reference (2.18-2.26) and the NCCL plugin docs.
 # one long string, split: a list literal of 150 names would be five times as tall
-NCCL_NAMES = frozenset("""
+NCCL_NAMES = frozenset(
+    """
 NCCL_ALGO NCCL_BUFFSIZE NCCL_CGA_CLUSTER_SIZE NCCL_CHECK_POINTERS NCCL_CHECKS_DISABLE NCCL_COLLNET_ENABLE
 NCCL_COLLNET_NODE_THRESHOLD NCCL_COMM_BLOCKING NCCL_COMM_ID NCCL_COMM_SPLIT_SHARE_RESOURCES NCCL_CONF_FILE
 NCCL_CREATE_THREAD_CONTEXT NCCL_CROSS_NIC NCCL_CTA_POLICY NCCL_CUMEM_ENABLE NCCL_CUMEM_HOST_ENABLE NCCL_DEBUG
@@ -52,11 +53,13 @@ NCCL_SOCKET_RETRY_CNT NCCL_SOCKET_RETRY_SLEEP_MSEC NCCL_TOPO_DUMP_FILE NCCL_TOPO
 NCCL_TUNER_PLUGIN NCCL_UID_STAGGER_RATE NCCL_UID_STAGGER_THRESHOLD NCCL_WARN_ENABLE_DEBUG_INFO
 NCCL_WORK_FIFO_DEPTH
 NCCL_ASYNC_ERROR_HANDLING NCCL_BLOCKING_WAIT NCCL_DESYNC_DEBUG
-""".split())  # noqa: SIM905
+""".split()
+)
 
 # PyTorch's ProcessGroupNCCL and c10d (2.2 onwards; the NCCL_ASYNC_ERROR_HANDLING-style names above
 # are the deprecated spellings torch still reads).
-TORCH_NAMES = frozenset("""
+TORCH_NAMES = frozenset(
+    """
 TORCH_NCCL_ABORT_IN_DESTROY_PG TORCH_NCCL_ASYNC_ERROR_HANDLING TORCH_NCCL_AVOID_RECORD_STREAMS
 TORCH_NCCL_BLOCKING_WAIT TORCH_NCCL_COORD_CHECK_MILSEC TORCH_NCCL_CUDA_EVENT_CACHE
 TORCH_NCCL_DEBUG_INFO_PIPE_FILE TORCH_NCCL_DEBUG_INFO_TEMP_FILE TORCH_NCCL_DESYNC_DEBUG TORCH_NCCL_DUMP_ON_TIMEOUT
@@ -66,18 +69,30 @@ TORCH_NCCL_RETHROW_CUDA_ERRORS TORCH_NCCL_TRACE_BUFFER_SIZE TORCH_NCCL_TRACE_CPP
 TORCH_NCCL_USE_COMM_NONBLOCKING TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC
 TORCH_DISTRIBUTED_DEBUG TORCH_CPP_LOG_LEVEL TORCH_SHOW_CPP_STACKTRACES TORCH_FR_BUFFER_SIZE
 TORCH_FR_DUMP_TEMP_FILE TORCH_FR_CPP_STACK TORCH_DIST_INIT_BARRIER
-""".split())  # noqa: SIM905
+""".split()
+)
 
 KNOWN = NCCL_NAMES | TORCH_NAMES
 CHECKED_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "TORCH_FR_")
 
 # Names that cost time or disk on every collective, or dump on every timeout: for debugging only.
-DEBUG_ONLY = frozenset({
-    "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE", "NCCL_GRAPH_DUMP_FILE", "NCCL_TOPO_DUMP_FILE",
-    "TORCH_NCCL_DESYNC_DEBUG", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT",
-    "TORCH_NCCL_TRACE_CPP_STACK", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_BUFFER_SIZE",
-    "TORCH_FR_DUMP_TEMP_FILE", "TORCH_FR_CPP_STACK", "NCCL_DESYNC_DEBUG",
-})
+DEBUG_ONLY = frozenset(
+    {
+        "NCCL_DEBUG_SUBSYS",
+        "NCCL_DEBUG_FILE",
+        "NCCL_GRAPH_DUMP_FILE",
+        "NCCL_TOPO_DUMP_FILE",
+        "TORCH_NCCL_DESYNC_DEBUG",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT",
+        "TORCH_NCCL_TRACE_CPP_STACK",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+        "TORCH_FR_BUFFER_SIZE",
+        "TORCH_FR_DUMP_TEMP_FILE",
+        "TORCH_FR_CPP_STACK",
+        "NCCL_DESYNC_DEBUG",
+    }
+)
 # ... and names whose *value* decides: NCCL_DEBUG=WARN is fine in production, INFO is not.
 DEBUG_VALUES = {
     "NCCL_DEBUG": {"INFO", "TRACE"},
@@ -132,10 +147,13 @@ def check_name(name: str) -> NameIssue | None:
         return None
     guess = closest(name)
     if guess is not None:
-        return NameIssue(name, True, f"{name} is not an NCCL/PyTorch variable; NCCL would ignore it",
-                         f"did you mean {guess!r}?")
-    return NameIssue(name, False, f"{name} is not in hpc_train's catalogue of NCCL/PyTorch variables",
-                     "NCCL ignores names it does not know; check the spelling against your NCCL version's docs")
+        return NameIssue(name, True, f"{name} is not an NCCL/PyTorch variable; NCCL would ignore it", f"did you mean {guess!r}?")
+    return NameIssue(
+        name,
+        False,
+        f"{name} is not in hpc_train's catalogue of NCCL/PyTorch variables",
+        "NCCL ignores names it does not know; check the spelling against your NCCL version's docs",
+    )
 
 
 def profile_errors(profiles: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
@@ -232,9 +250,13 @@ def site_findings(env_maps: Mapping[str, Mapping[str, str]], profiles: Mapping[s
                 out.append(Finding(f"{prefix}.{key}", issue.message, issue.hint))
             if is_debug_only(key, value) and not (profile and is_debug_profile(profiles, profile)):
                 where = f"profile {profile!r}" if profile else f"'{prefix}'"
-                out.append(Finding(f"{prefix}.{key}", f"debug-only {key}={value} left on in {where}",
-                                   "it slows every job or fills the disk; move it to the debug profile "
-                                   "(jobs opt in with --nccl-debug)"))
+                out.append(
+                    Finding(
+                        f"{prefix}.{key}",
+                        f"debug-only {key}={value} left on in {where}",
+                        "it slows every job or fills the disk; move it to the debug profile (jobs opt in with --nccl-debug)",
+                    )
+                )
     return out
 
 
@@ -280,8 +302,9 @@ def _hint(name: str | None, profiles: Mapping[str, Mapping[str, str]]) -> str:
     return ("known profiles: " + ", ".join(known)) if known else "the site defines no NCCL profiles"
 
 
-def job_findings(env_maps: Mapping[str, Mapping[str, str]], profiles: Mapping[str, Mapping[str, str]],
-                 label: str | None) -> list[Finding]:
+def job_findings(
+    env_maps: Mapping[str, Mapping[str, str]], profiles: Mapping[str, Mapping[str, str]], label: str | None
+) -> list[Finding]:
     """Warnings for one job: only what it will actually run with (the chosen profile, site/partition env)."""
     base, overlays = split_selection(label)
     chain = set(_chain(profiles, base))
@@ -303,8 +326,9 @@ def _chain(profiles: Mapping[str, Mapping[str, str]], name: str | None) -> list[
     return chain
 
 
-def job_warnings(selection: Selection, site: Any, partition: str | None, provenance: Mapping[str, tuple[str, int | None]],
-                 site_file: str) -> list[Problem]:
+def job_warnings(
+    selection: Selection, site: Any, partition: str | None, provenance: Mapping[str, tuple[str, int | None]], site_file: str
+) -> list[Problem]:
     """job_findings as Problems that say file:line (``site`` is a SiteConfig)."""
     env_maps: dict[str, Mapping[str, str]] = {"env": site.env}
     if partition and partition in site.partitions:

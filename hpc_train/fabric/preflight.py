@@ -46,7 +46,9 @@ class Verdict:
     suspects: list[str] = field(default_factory=list)
 
 
-def find_slow_nodes(pairs: list[dict[str, Any]], threshold: float | None) -> tuple[list[tuple[str, str]], list[str], float | None]:
+def find_slow_nodes(
+    pairs: list[dict[str, Any]], threshold: float | None
+) -> tuple[list[tuple[str, str]], list[str], float | None]:
     """Slow pairs (under ``threshold``, else under half the best pair) and the nodes to blame.
 
     A node is blamed when more than half of its pairs are slow: with one bad node among N, its
@@ -78,15 +80,20 @@ def evaluate(result: dict[str, Any], expect: Preflight) -> Verdict:
         return Verdict(False, ["the job measured nothing"])
     top = rows[-1]
     if expect.busbw_gbs is None:
-        verdict.lines.append(f"bus bandwidth {top['busbw_gbs']:.3f} GB/s at {human(top['bytes'])}; "
-                             "the site sets no expected figure (preflight.busbw_gbs), so nothing to compare")
+        verdict.lines.append(
+            f"bus bandwidth {top['busbw_gbs']:.3f} GB/s at {human(top['bytes'])}; "
+            "the site sets no expected figure (preflight.busbw_gbs), so nothing to compare"
+        )
     elif top["busbw_gbs"] >= expect.busbw_gbs:
-        verdict.lines.append(f"bus bandwidth {top['busbw_gbs']:.3f} GB/s at {human(top['bytes'])} "
-                             f">= expected {expect.busbw_gbs:g} GB/s")
+        verdict.lines.append(
+            f"bus bandwidth {top['busbw_gbs']:.3f} GB/s at {human(top['bytes'])} >= expected {expect.busbw_gbs:g} GB/s"
+        )
     else:
         verdict.passed = False
-        verdict.lines.append(f"bus bandwidth {top['busbw_gbs']:.3f} GB/s at {human(top['bytes'])} "
-                             f"< expected {expect.busbw_gbs:g} GB/s: check the NCCL profile (doctor) and the fabric")
+        verdict.lines.append(
+            f"bus bandwidth {top['busbw_gbs']:.3f} GB/s at {human(top['bytes'])} "
+            f"< expected {expect.busbw_gbs:g} GB/s: check the NCCL profile (doctor) and the fabric"
+        )
     pairs = result.get("pairs") or []
     slow, suspects, threshold = find_slow_nodes(pairs, expect.pair_busbw_gbs)
     verdict.slow_pairs, verdict.suspects = slow, suspects
@@ -95,8 +102,11 @@ def evaluate(result: dict[str, Any], expect: Preflight) -> Verdict:
     elif slow:
         verdict.passed = False
         blame = f"; slow node: {', '.join(suspects)} (drain it: scontrol update nodename=... state=drain)" if suspects else ""
-        verdict.lines.append(f"pair check: {len(slow)} of {len(pairs)} pair(s) under {threshold:.3f} GB/s: "
-                             + ", ".join("-".join(p) for p in slow) + blame)
+        verdict.lines.append(
+            f"pair check: {len(slow)} of {len(pairs)} pair(s) under {threshold:.3f} GB/s: "
+            + ", ".join("-".join(p) for p in slow)
+            + blame
+        )
     else:
         bar = f" (all >= {threshold:.3f} GB/s)" if threshold is not None else ""
         verdict.lines.append(f"pair check: {len(pairs)} pair(s) ok{bar}")
@@ -111,9 +121,13 @@ def human(size: int) -> str:
 
 
 def format_table(result: dict[str, Any], verdict: Verdict) -> str:
-    lines = [(f"all-reduce over {result['backend']}: {result['world_size']} ranks on {len(result['nodes'])} node(s) "
-              f"({', '.join(result['nodes'])}), {result.get('device', '')}"),
-             f"{'size':>8}  {'time (us)':>12}  {'algbw (GB/s)':>13}  {'busbw (GB/s)':>13}"]
+    lines = [
+        (
+            f"all-reduce over {result['backend']}: {result['world_size']} ranks on {len(result['nodes'])} node(s) "
+            f"({', '.join(result['nodes'])}), {result.get('device', '')}"
+        ),
+        f"{'size':>8}  {'time (us)':>12}  {'algbw (GB/s)':>13}  {'busbw (GB/s)':>13}",
+    ]
     for row in result["sizes"]:
         lines.append(f"{human(row['bytes']):>8}  {row['time_us']:12.1f}  {row['algbw_gbs']:13.3f}  {row['busbw_gbs']:13.3f}")
     if result.get("pairs"):
@@ -128,9 +142,17 @@ def format_table(result: dict[str, Any], verdict: Verdict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def submit_preflight(*, site: str | None, nodes: int, partition: str | None = None, nccl_profile: str | None = None,
-                     max_size: str | None = None, iters: int = 5, job_root: str | None = None,
-                     time: str = "00:10:00") -> tuple[Any, Preflight]:
+def submit_preflight(
+    *,
+    site: str | None,
+    nodes: int,
+    partition: str | None = None,
+    nccl_profile: str | None = None,
+    max_size: str | None = None,
+    iters: int = 5,
+    job_root: str | None = None,
+    time: str = "00:10:00",
+) -> tuple[Any, Preflight]:
     """Submit the job; returns (handle, the figures it will be judged against)."""
     from hpc_train.api import resolve_site, submit
     from hpc_train.plugin.manager import default_plugins
@@ -142,11 +164,26 @@ def submit_preflight(*, site: str | None, nodes: int, partition: str | None = No
     if nodes < 2 and not (part and part.gpus_per_node > 1):
         raise UsageError("preflight needs at least 2 ranks; a CPU node runs one", "use --nodes 2 or more")
     size = max_size or max_size_for(site_config, partition)
-    options: dict[str, Any] = {"site": site, "nodes": nodes, "partition": partition, "nccl_profile": nccl_profile,
-                               "job_root": job_root, "time": time, "job_name": "hpc_train-preflight", "backend": "torchrun",
-                               "requeue": False}
-    handle = submit(str(JOB_SCRIPT), "--max-size", size, "--iters", str(iters), plugins=plugins,
-                    **{k: v for k, v in options.items() if v is not None})
+    options: dict[str, Any] = {
+        "site": site,
+        "nodes": nodes,
+        "partition": partition,
+        "nccl_profile": nccl_profile,
+        "job_root": job_root,
+        "time": time,
+        "job_name": "hpc_train-preflight",
+        "backend": "torchrun",
+        "requeue": False,
+    }
+    handle = submit(
+        str(JOB_SCRIPT),
+        "--max-size",
+        size,
+        "--iters",
+        str(iters),
+        plugins=plugins,
+        **{k: v for k, v in options.items() if v is not None},
+    )
     return handle, expect
 
 

@@ -85,8 +85,15 @@ def print_logs(handle: JobHandle, stream: str = "stdout", out: TextIO | None = N
     return found
 
 
-def follow(handle: JobHandle, rank: int = 0, stream: str = "stdout", out: TextIO | None = None,
-           poll_s: float = 0.5, state_every_s: float = 2.0, all_ranks: bool = False) -> str:
+def follow(
+    handle: JobHandle,
+    rank: int = 0,
+    stream: str = "stdout",
+    out: TextIO | None = None,
+    poll_s: float = 0.5,
+    state_every_s: float = 2.0,
+    all_ranks: bool = False,
+) -> str:
     """Print the log(s) as they grow until the job ends; return the final state."""
     out = out or sys.stdout
     files = sources(handle, rank, stream, all_ranks)

@@ -186,8 +186,11 @@ def _read_steps(files: Files) -> None:
             files.rows.setdefault(run if run is not None else 1, []).append(record)
     for rows in files.rows.values():
         rows.sort(key=lambda r: r["time"])
-    files.stragglers = [s for s in _jsonl(path.parent / contract.STRAGGLERS, files.notes, f"{contract.METRICS}/{contract.STRAGGLERS}")
-                        if _int(s.get("rank")) is not None]
+    files.stragglers = [
+        s
+        for s in _jsonl(path.parent / contract.STRAGGLERS, files.notes, f"{contract.METRICS}/{contract.STRAGGLERS}")
+        if _int(s.get("rank")) is not None
+    ]
 
 
 def _read_failure_files(files: Files) -> None:
@@ -225,8 +228,11 @@ def _read_counters(files: Files) -> None:
 
 def _committed_steps(folder: Path) -> set[int]:
     try:
-        return {int(p.name[5:]) for p in folder.iterdir()
-                if p.name.startswith("step-") and p.name[5:].isdigit() and (p / "COMMIT").is_file()}
+        return {
+            int(p.name[5:])
+            for p in folder.iterdir()
+            if p.name.startswith("step-") and p.name[5:].isdigit() and (p / "COMMIT").is_file()
+        }
     except OSError:
         return set()
 
@@ -256,15 +262,15 @@ def read_batch_log(folder: Path, job_id: str = "", notes: list[str] | None = Non
 
 
 def parse_log_line(line: str, log: BatchLog) -> None:
-    if (m := _RUN_BEGINS.search(line)):
+    if m := _RUN_BEGINS.search(line):
         log.starts[int(m[1])] = (_iso(m[3]), m[2])
-    elif (m := _RUN_FAILED.search(line)):
+    elif m := _RUN_FAILED.search(line):
         log.failures[int(m[1])] = (int(m[2]), _what_followed(m[3]))
-    elif (m := _RUN_STOPS.search(line)):
+    elif m := _RUN_STOPS.search(line):
         log.stops[int(m[1])] = (int(m[2]), m[3].strip())
-    elif (m := _SAVED.search(line)):
+    elif m := _SAVED.search(line):
         log.saves.add(int(m[1]))
-    elif (m := _NOT_STARTED.search(line)):
+    elif m := _NOT_STARTED.search(line):
         log.not_started = int(m[1])
 
 
@@ -302,11 +308,18 @@ def parse_sacct(text: str, job_id: str) -> list[Allocation]:
         if values.get("JobID") != job_id or start is None:
             continue
         tres = dict(part.split("=", 1) for part in values.get("AllocTRES", "").split(",") if "=" in part)
-        out.append(Allocation(
-            start=start, end=_iso(values.get("End", "")), state=(values.get("State") or "").split(" ")[0],
-            exit_code=values.get("ExitCode", ""), nodelist=values.get("NodeList", ""),
-            nodes=_digits(values.get("AllocNodes")) or _digits(tres.get("node")), gpus=_digits(tres.get("gres/gpu")),
-            submit=_iso(values.get("Submit", ""))))
+        out.append(
+            Allocation(
+                start=start,
+                end=_iso(values.get("End", "")),
+                state=(values.get("State") or "").split(" ")[0],
+                exit_code=values.get("ExitCode", ""),
+                nodelist=values.get("NodeList", ""),
+                nodes=_digits(values.get("AllocNodes")) or _digits(tres.get("node")),
+                gpus=_digits(tres.get("gres/gpu")),
+                submit=_iso(values.get("Submit", "")),
+            )
+        )
     return sorted(out, key=lambda a: a.start)
 
 
@@ -365,14 +378,23 @@ def _run_view(files: Files, run: int) -> RunView:
     if rows:
         view.first_step, view.last_step, view.steps = rows[0]["step"], rows[-1]["step"], len(rows)
     view.begin = files.log.starts.get(run, (None, ""))[0] or _num(start.get("time"))
-    own_end = [_num(files.ends.get(run, {}).get("time")), rows[-1]["time"] if rows else None,
-               _num(files.hangs.get(run, {}).get("at"))]
+    own_end = [
+        _num(files.ends.get(run, {}).get("time")),
+        rows[-1]["time"] if rows else None,
+        _num(files.hangs.get(run, {}).get("at")),
+    ]
     view.end = max((t for t in own_end if t is not None), default=view.begin)
     view.hosts = _hosts(files, run)
-    view.suspects = [f"{s['node']} ({s.get('reason', '?')}" + (", excluded)" if s["node"] in files.excluded else ")")
-                     for s in files.suspects if s.get("run") == run]
-    view.stragglers = [f"rank {s['rank']} on {s.get('host', '?')}" + (f" +{s['slowdown'] * 100:.0f}%" if _num(s.get("slowdown")) else "")
-                       for s in files.stragglers if s.get("run") == run]
+    view.suspects = [
+        f"{s['node']} ({s.get('reason', '?')}" + (", excluded)" if s["node"] in files.excluded else ")")
+        for s in files.suspects
+        if s.get("run") == run
+    ]
+    view.stragglers = [
+        f"rank {s['rank']} on {s.get('host', '?')}" + (f" +{s['slowdown'] * 100:.0f}%" if _num(s.get("slowdown")) else "")
+        for s in files.stragglers
+        if s.get("run") == run
+    ]
     return view
 
 
@@ -381,8 +403,11 @@ def _hosts(files: Files, run: int) -> list[str]:
     for window in files.windows:
         if window.get("run") == run and isinstance(window.get("hosts"), list):
             return sorted({str(h) for h in window["hosts"]})
-    hang_hosts = {str(r.get("host")) for r in (files.hangs.get(run, {}).get("ranks") or {}).values()
-                  if isinstance(r, dict) and r.get("host")}
+    hang_hosts = {
+        str(r.get("host"))
+        for r in (files.hangs.get(run, {}).get("ranks") or {}).values()
+        if isinstance(r, dict) and r.get("host")
+    }
     if hang_hosts:
         return sorted(hang_hosts)
     host = files.starts.get(run, {}).get("host") or files.log.starts.get(run, (None, ""))[1]
@@ -409,10 +434,16 @@ def _stop_phrase(step: int, reason: str) -> tuple[str, str]:
     return "stopped", f"stopped at step {step} for a {why} ({reason})"
 
 
-_STATES = {"COMPLETED": ("completed", "completed"), "TIMEOUT": ("stopped", "ended by the time limit (TIMEOUT)"),
-           "PREEMPTED": ("requeued", "preempted"), "REQUEUED": ("requeued", "requeued by the scheduler or an administrator"),
-           "NODE_FAIL": ("failed", "a node failed (NODE_FAIL)"), "CANCELLED": ("failed", "cancelled"),
-           "OUT_OF_MEMORY": ("failed", "out of memory"), "RUNNING": ("running", "running")}
+_STATES = {
+    "COMPLETED": ("completed", "completed"),
+    "TIMEOUT": ("stopped", "ended by the time limit (TIMEOUT)"),
+    "PREEMPTED": ("requeued", "preempted"),
+    "REQUEUED": ("requeued", "requeued by the scheduler or an administrator"),
+    "NODE_FAIL": ("failed", "a node failed (NODE_FAIL)"),
+    "CANCELLED": ("failed", "cancelled"),
+    "OUT_OF_MEMORY": ("failed", "out of memory"),
+    "RUNNING": ("running", "running"),
+}
 
 
 def _ending(files: Files, view: RunView, later: bool, alloc: Allocation | None, last_in_alloc: bool) -> tuple[str, str]:
@@ -478,13 +509,17 @@ class Goodput:
         return self.productive_s / self.allocated_s if self.allocated_s > 0 else None
 
 
-def summarize(files: Files, allocations: list[Allocation] | None = None, sacct_note: str | None = None,
-              now: float | None = None) -> Goodput:
+def summarize(
+    files: Files, allocations: list[Allocation] | None = None, sacct_note: str | None = None, now: float | None = None
+) -> Goodput:
     """The goodput of the job whose files are ``files``; ``allocations`` from sacct when it could be asked."""
     now = time.time() if now is None else now
     notes = list(files.notes)
-    numbers = run_numbers(files) if (files.rows or files.starts or files.log.starts or files.runs_counter
-                                     or files.hangs or files.last_run) else []
+    numbers = (
+        run_numbers(files)
+        if (files.rows or files.starts or files.log.starts or files.runs_counter or files.hangs or files.last_run)
+        else []
+    )
     views = [_run_view(files, n) for n in numbers]
     estimated = not allocations
     if estimated:
@@ -529,8 +564,11 @@ def _place_runs(views: list[RunView], allocations: list[Allocation], now: float)
     for view in views:
         if view.begin is None:
             continue
-        inside = [i for i, a in enumerate(allocations)
-                  if a.start - SLACK_S <= view.begin <= (a.end if a.end is not None else now) + SLACK_S]
+        inside = [
+            i
+            for i, a in enumerate(allocations)
+            if a.start - SLACK_S <= view.begin <= (a.end if a.end is not None else now) + SLACK_S
+        ]
         view.allocation = inside[-1] if inside else None
     for i, view in enumerate(views):
         if view.allocation is None:
@@ -567,7 +605,7 @@ def _account(files: Files, views: list[RunView], allocations: list[Allocation], 
         if view.begin is None or view.end is None or view.allocation is None:
             continue
         rows = files.rows.get(view.run, [])
-        later_starts = [v.start_step for v in views[i + 1:] if v.start_step is not None]
+        later_starts = [v.start_step for v in views[i + 1 :] if v.start_step is not None]
         redo_from = min(later_starts) if later_starts else None  # a later run restored this: what is past it is redone
         typical = _typical(rows, fallback)
         last_activity = _account_steps(view, rows, typical, redo_from, saves, ledger)
@@ -575,8 +613,9 @@ def _account(files: Files, views: list[RunView], allocations: list[Allocation], 
     ledger.lost["straggler"] = min(_straggler_s(files, views), ledger.kept_s)
 
 
-def _account_steps(view: RunView, rows: list[dict[str, Any]], typical: float, redo_from: int | None, saves: set[int],
-                   ledger: _Ledger) -> float:
+def _account_steps(
+    view: RunView, rows: list[dict[str, Any]], typical: float, redo_from: int | None, saves: set[int], ledger: _Ledger
+) -> float:
     """Start-up, the steps kept or redone, the stalls after saves; returns when the last step ended."""
     assert view.begin is not None
     if not rows:
@@ -633,16 +672,18 @@ def _straggler_s(files: Files, views: list[RunView]) -> float:
     return total
 
 
-def _goodput(files: Files, views: list[RunView], allocs: list[Allocation], ledger: _Ledger, estimated: bool,
-             notes: list[str], now: float) -> Goodput:
+def _goodput(
+    files: Files, views: list[RunView], allocs: list[Allocation], ledger: _Ledger, estimated: bool, notes: list[str], now: float
+) -> Goodput:
     spans = [((a.end if a.end is not None else now) - a.start) for a in allocs]
     allocated = sum(max(0.0, s) for s in spans)
     lost = ledger.lost
     productive = max(0.0, ledger.kept_s - lost["straggler"])
     explained = productive + sum(v for k, v in lost.items() if k != "other")
     if explained - allocated > DISAGREE_S:
-        notes.append(f"the job's records account for {explained - allocated:.0f} s more than was allocated "
-                     "(clocks or records disagree)")
+        notes.append(
+            f"the job's records account for {explained - allocated:.0f} s more than was allocated (clocks or records disagree)"
+        )
     lost["other"] = max(0.0, allocated - explained)
     waits = [max(0.0, b.start - (a.end if a.end is not None else b.start)) for a, b in itertools.pairwise(allocs)]
     record = files.record
@@ -652,17 +693,33 @@ def _goodput(files: Files, views: list[RunView], allocs: list[Allocation], ledge
     price = _num(record.get("price_per_gpu_hour"))
     job_id = record.get("job_id") or next((s.get("job_id") for s in files.starts.values() if s.get("job_id")), None)
     return Goodput(
-        job_id=str(job_id) if job_id else None, allocated_s=allocated, productive_s=productive, lost_s=lost,
-        queue_wait_s=sum(waits), requeues=len(waits), first_wait_s=first_wait,
+        job_id=str(job_id) if job_id else None,
+        allocated_s=allocated,
+        productive_s=productive,
+        lost_s=lost,
+        queue_wait_s=sum(waits),
+        requeues=len(waits),
+        first_wait_s=first_wait,
         wall_s=((allocs[-1].end if allocs[-1].end is not None else now) - allocs[0].start) if allocs else 0.0,
-        steps_recomputed=ledger.recomputed_steps, saves=ledger.saves, nodes=nodes, gpus_per_node=per_node,
-        gpu_hours=gpu_hours, node_hours=node_hours, price_per_gpu_hour=price,
+        steps_recomputed=ledger.recomputed_steps,
+        saves=ledger.saves,
+        nodes=nodes,
+        gpus_per_node=per_node,
+        gpu_hours=gpu_hours,
+        node_hours=node_hours,
+        price_per_gpu_hour=price,
         cost=gpu_hours * price if gpu_hours is not None and price is not None else None,
-        estimated=estimated, runs=views, allocations=allocs, excluded=files.excluded, notes=notes)
+        estimated=estimated,
+        runs=views,
+        allocations=allocs,
+        excluded=files.excluded,
+        notes=notes,
+    )
 
 
-def _resources(files: Files, allocs: list[Allocation], spans: list[float], allocated: float
-               ) -> tuple[int | None, int | None, float | None, float | None]:
+def _resources(
+    files: Files, allocs: list[Allocation], spans: list[float], allocated: float
+) -> tuple[int | None, int | None, float | None, float | None]:
     """(nodes, GPUs per node, GPU-hours, node-hours): the scheduler's counts where it gave them, else the record's."""
     record = files.record
     nodes = _int(record.get("nodes"))
@@ -729,8 +786,11 @@ def format_lines(d: dict[str, Any]) -> list[str]:
 
     allocated = d["allocated_s"]
     if d.get("goodput") is not None:
-        add("goodput", f"{d['goodput'] * 100:.1f}%: {_hms(d['productive_s'])} training new steps of "
-                       f"{_hms(allocated)} allocated" + (" (estimated)" if d.get("estimated") else ""))
+        add(
+            "goodput",
+            f"{d['goodput'] * 100:.1f}%: {_hms(d['productive_s'])} training new steps of "
+            f"{_hms(allocated)} allocated" + (" (estimated)" if d.get("estimated") else ""),
+        )
     else:
         add("goodput", "unknown: no allocation found")
     for key, label in CAUSES.items():
@@ -766,8 +826,11 @@ def _lost_detail(key: str, d: dict[str, Any]) -> str:
 
 def _gpu_line(d: dict[str, Any]) -> str:
     if d.get("gpu_hours") is not None:
-        layout = (f" ({d['nodes']} node(s) x {d['gpus_per_node']} GPU(s) x {_hms(d['allocated_s'])})"
-                  if d.get("nodes") and d.get("gpus_per_node") else "")
+        layout = (
+            f" ({d['nodes']} node(s) x {d['gpus_per_node']} GPU(s) x {_hms(d['allocated_s'])})"
+            if d.get("nodes") and d.get("gpus_per_node")
+            else ""
+        )
         return f"{d['gpu_hours']:.2f}{layout}"
     if d.get("node_hours") is not None:
         return f"none (a CPU job: {d['node_hours']:.2f} node-hours)"

@@ -31,6 +31,7 @@ from hpc_train.submission import slurm_cmd
 
 __all__ = ["ACTIVE_STATES", "FINAL_OK", "PENDING_STATES", "RELEASE_MARGIN_S", "JobHandle", "JobRecord", "held_after_requeue"]
 
+
 def state_dir() -> Path:
     base = os.environ.get(contract.ENV_STATE_DIR)
     if base:
@@ -62,8 +63,11 @@ class JobRecord:
         return self.nodes * self.tasks_per_node
 
     def save(self) -> None:
-        save_record(json.dumps(asdict(self), indent=2, sort_keys=True), Path(self.folder) / "hpc_train.json",
-                    state_dir() / "jobs" / f"{self.job_id}.json")
+        save_record(
+            json.dumps(asdict(self), indent=2, sort_keys=True),
+            Path(self.folder) / "hpc_train.json",
+            state_dir() / "jobs" / f"{self.job_id}.json",
+        )
 
     @classmethod
     def load(cls, job_id: str) -> JobRecord:

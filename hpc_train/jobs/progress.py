@@ -87,8 +87,12 @@ def stragglers_text(named: list[dict[str, Any]], run: int) -> str:
         return ""
     latest = {s["rank"]: s for s in current}  # a rank named twice: its newest naming
     ranked = sorted(latest.values(), key=lambda s: -(s.get("slowdown") or 0))
-    parts = [f"rank {s['rank']}" + (f" ({s['host']})" if s.get("host") else "")
-             + (f" +{s['slowdown'] * 100:.0f}%" if s.get("slowdown") is not None else "") for s in ranked[:3]]
+    parts = [
+        f"rank {s['rank']}"
+        + (f" ({s['host']})" if s.get("host") else "")
+        + (f" +{s['slowdown'] * 100:.0f}%" if s.get("slowdown") is not None else "")
+        for s in ranked[:3]
+    ]
     more = f" +{len(ranked) - 3} more" if len(ranked) > 3 else ""
     return ("straggler " if len(ranked) == 1 else "stragglers ") + ", ".join(parts) + more
 
@@ -96,10 +100,15 @@ def stragglers_text(named: list[dict[str, Any]], run: int) -> str:
 def snapshot(handle: JobHandle, look: Look) -> Snapshot:
     info = look.info
     reason = info.get("Reason", "")
-    return Snapshot(state=look.state, reason="" if reason in ("None", "(null)") else reason,
-                    nodes=info.get("NodeList", "") if info.get("NodeList") not in (None, "(null)") else "",
-                    elapsed=info.get("RunTime", ""), runs=handle.runs, metrics=last_metrics(handle),
-                    stragglers=stragglers(handle))
+    return Snapshot(
+        state=look.state,
+        reason="" if reason in ("None", "(null)") else reason,
+        nodes=info.get("NodeList", "") if info.get("NodeList") not in (None, "(null)") else "",
+        elapsed=info.get("RunTime", ""),
+        runs=handle.runs,
+        metrics=last_metrics(handle),
+        stragglers=stragglers(handle),
+    )
 
 
 def progress_text(m: dict[str, Any]) -> str:
@@ -118,8 +127,10 @@ def events(job_id: str, before: Snapshot | None, now: Snapshot) -> list[str]:
     if now.state in PENDING_STATES:
         requeued = was in ("RUNNING", "COMPLETING") or (before is not None and now.runs > before.runs and was != "RUNNING")
         if requeued or (now.state == "REQUEUED" and was != "REQUEUED"):
-            out.append(f"job {job_id}: requeued after run {max(1, now.runs)}; waiting to start again"
-                       + (f" ({now.reason})" if now.reason else ""))
+            out.append(
+                f"job {job_id}: requeued after run {max(1, now.runs)}; waiting to start again"
+                + (f" ({now.reason})" if now.reason else "")
+            )
         elif was != now.state or (before and before.reason != now.reason):
             out.append(f"job {job_id}: {now.state}" + (f" ({now.reason})" if now.reason else ""))
     elif now.state == "RUNNING":
@@ -155,8 +166,12 @@ class _Plain:
     def update(self, job_id: str, snap: Snapshot) -> None:
         now = time.monotonic()
         step = snap.metrics.get("step")
-        if snap.state == "RUNNING" and step is not None and step != self.last_step \
-                and now - self.last_progress >= PLAIN_PROGRESS_EVERY_S:
+        if (
+            snap.state == "RUNNING"
+            and step is not None
+            and step != self.last_step
+            and now - self.last_progress >= PLAIN_PROGRESS_EVERY_S
+        ):
             self.last_progress, self.last_step = now, step
             slow = stragglers_text(snap.stragglers, snap.runs)
             print(f"job {job_id}: {progress_text(snap.metrics)}" + (f" · {slow}" if slow else ""), file=self.out, flush=True)
@@ -190,8 +205,17 @@ class _Live:
         if snap.state in PENDING_STATES and snap.reason:
             details.append(snap.reason)
         if snap.state == "RUNNING":
-            details += [x for x in (snap.nodes, f"run {snap.runs}" if snap.runs > 1 else "", snap.elapsed,
-                                    progress_text(snap.metrics), stragglers_text(snap.stragglers, snap.runs)) if x]
+            details += [
+                x
+                for x in (
+                    snap.nodes,
+                    f"run {snap.runs}" if snap.runs > 1 else "",
+                    snap.elapsed,
+                    progress_text(snap.metrics),
+                    stragglers_text(snap.stragglers, snap.runs),
+                )
+                if x
+            ]
         if details:
             text.append("  " + " · ".join(details), style="dim")
         self.spinner.update(text=text)
@@ -200,8 +224,9 @@ class _Live:
         self.live.stop()
 
 
-def watch(handle: JobHandle, out: TextIO | None = None, *, tty: bool | None = None, poll_s: float = 1.0,
-          timeout_s: float | None = None) -> str:
+def watch(
+    handle: JobHandle, out: TextIO | None = None, *, tty: bool | None = None, poll_s: float = 1.0, timeout_s: float | None = None
+) -> str:
     """Show the job's life until it ends (through its requeues); return its final state.
 
     Like :meth:`JobHandle.wait`, it releases a requeued job from Slurm's hold where the site allows.

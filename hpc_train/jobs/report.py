@@ -70,10 +70,12 @@ def find_jsonl(folder: Path) -> Path:
     for candidate in (folder, folder / JSONL, folder / contract.METRICS / JSONL):
         if candidate.is_file():
             return candidate
-    raise UsageError(f"no metrics in {folder}: {folder / 'metrics' / JSONL} does not exist",
-                     hint="metrics are written by scripts using hpc_train.runtime (ctx.backward/ctx.step), "
-                          "unless the job ran with --no-metrics; a job that has not reached its first steps "
-                          "has none yet")
+    raise UsageError(
+        f"no metrics in {folder}: {folder / 'metrics' / JSONL} does not exist",
+        hint="metrics are written by scripts using hpc_train.runtime (ctx.backward/ctx.step), "
+        "unless the job ran with --no-metrics; a job that has not reached its first steps "
+        "has none yet",
+    )
 
 
 def load(folder: str | Path) -> Metrics:
@@ -121,6 +123,7 @@ def load(folder: str | Path) -> Metrics:
 
 def _current_windows(windows: list[dict[str, Any]], runs: list[Run]) -> list[dict[str, Any]]:
     """The windows no later run redid: as for steps, the newest run's numbers count."""
+
     def superseded(window: dict[str, Any]) -> bool:
         run = window.get("run", 0)
         return any(later.run > run and later.start_step < window["last_step"] for later in runs)
@@ -147,8 +150,13 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
 
 def summarize(m: Metrics) -> dict[str, Any]:
     rows, steady = m.rows, m.steady
-    out: dict[str, Any] = {"metrics": str(m.path), "runs": len(m.runs), "restarts": max(0, len(m.runs) - 1),
-                           "steps": rows[-1]["step"] if rows else 0, "steps_recorded": len(rows)}
+    out: dict[str, Any] = {
+        "metrics": str(m.path),
+        "runs": len(m.runs),
+        "restarts": max(0, len(m.runs) - 1),
+        "steps": rows[-1]["step"] if rows else 0,
+        "steps_recorded": len(rows),
+    }
     if m.runs:
         info = m.runs[-1].info
         out.update({k: info.get(k) for k in ("job_id", "backend", "world_size", "device") if info.get(k) is not None})
@@ -184,8 +192,12 @@ def _rank_summary(m: Metrics) -> dict[str, Any]:
     """How the ranks compared: the windows, the rank furthest above the median, the named stragglers."""
     if not m.windows and not m.stragglers:
         return {}
-    out: dict[str, Any] = {"stragglers": [{k: s.get(k) for k in ("rank", "host", "slowdown", "step", "windows", "run",
-                                                               "compute_ms", "median_ms")} for s in m.stragglers]}
+    out: dict[str, Any] = {
+        "stragglers": [
+            {k: s.get(k) for k in ("rank", "host", "slowdown", "step", "windows", "run", "compute_ms", "median_ms")}
+            for s in m.stragglers
+        ]
+    }
     if m.windows:
         out["rank_windows"] = len(m.windows)
         out["ranks_compared"] = max(len(w["compute_ms"]) for w in m.windows)
@@ -197,8 +209,11 @@ def _rank_summary(m: Metrics) -> dict[str, Any]:
                     ratios.setdefault(rank, []).append(value / median)
         if ratios:
             rank = max(ratios, key=lambda r: statistics.fmean(ratios[r]))
-            out["slowest_rank"] = {"rank": rank, "host": m.hosts.get(rank),
-                                   "slowdown": round(statistics.fmean(ratios[rank]) - 1, 4)}
+            out["slowest_rank"] = {
+                "rank": rank,
+                "host": m.hosts.get(rank),
+                "slowdown": round(statistics.fmean(ratios[rank]) - 1, 4),
+            }
     return out
 
 
@@ -212,8 +227,9 @@ def _duration(seconds: float) -> str:
 
 def format_summary(s: dict[str, Any]) -> str:
     lines = []
-    who = ", ".join(str(x) for x in (s.get("backend"), f"{s['world_size']} processes" if s.get("world_size") else None,
-                                     s.get("device")) if x)
+    who = ", ".join(
+        str(x) for x in (s.get("backend"), f"{s['world_size']} processes" if s.get("world_size") else None, s.get("device")) if x
+    )
     lines.append(f"job {s.get('job_id') or '?'}" + (f" ({who})" if who else ""))
 
     def add(label: str, value: str) -> None:
@@ -248,10 +264,15 @@ def _straggler_lines(s: dict[str, Any]) -> list[str]:
     lines = []
     for named in s["stragglers"]:
         where = f" on {named['host']}" if named.get("host") else ""
-        compute = (f" (compute {named['compute_ms']:.1f} vs {named['median_ms']:.1f} ms/step)"
-                   if named.get("compute_ms") is not None and named.get("median_ms") is not None else "")
-        lines.append(f"rank {named['rank']}{where}: {named['slowdown'] * 100:.0f}% slower than the median{compute}, "
-                     f"named at step {named['step']} (run {named.get('run', '?')})")
+        compute = (
+            f" (compute {named['compute_ms']:.1f} vs {named['median_ms']:.1f} ms/step)"
+            if named.get("compute_ms") is not None and named.get("median_ms") is not None
+            else ""
+        )
+        lines.append(
+            f"rank {named['rank']}{where}: {named['slowdown'] * 100:.0f}% slower than the median{compute}, "
+            f"named at step {named['step']} (run {named.get('run', '?')})"
+        )
     if not lines:
         details = [f"{s['rank_windows']} windows of {s['ranks_compared']} ranks compared"] if "rank_windows" in s else []
         slowest = s.get("slowest_rank")
@@ -286,8 +307,10 @@ def plot(m: Metrics, out_dir: str | Path, title: str | None = None) -> list[Path
     try:
         import matplotlib
     except ImportError:
-        raise UsageError("plots need matplotlib, which is not installed",
-                         hint="pip install 'hpc_train[report]' (or matplotlib), or use --no-plots") from None
+        raise UsageError(
+            "plots need matplotlib, which is not installed",
+            hint="pip install 'hpc_train[report]' (or matplotlib), or use --no-plots",
+        ) from None
     matplotlib.use("Agg")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -299,24 +322,51 @@ def plot(m: Metrics, out_dir: str | Path, title: str | None = None) -> list[Path
     figures.append(("loss", "Training loss", "loss (rank 0's batch)", loss, {"log_ok": True}))
     rate = [(r["step"], r["samples_per_s"]) for r in steady if r.get("samples_per_s") is not None]
     median_rate = statistics.median(y for _, y in rate) if rate else 0.0
-    figures.append(("throughput", "Throughput", "samples / second (all ranks)", rate,
-                    {"reference": (f"median {median_rate:,.0f} samples/s", median_rate), "robust": True}))
+    figures.append(
+        (
+            "throughput",
+            "Throughput",
+            "samples / second (all ranks)",
+            rate,
+            {"reference": (f"median {median_rate:,.0f} samples/s", median_rate), "robust": True},
+        )
+    )
     comm = [(r["step"], 100.0 * r["comm_share"]) for r in steady if r.get("comm_share") is not None]
     total = sum(r.get("comm_s", 0.0) for r in steady) / max(1e-12, sum(r["step_s"] for r in steady)) * 100
-    figures.append(("comm_share", "Time in gradient communication", "share of step time", comm,
-                    {"percent": True, "reference": (f"whole run {total:.1f}%", total)}))
+    figures.append(
+        (
+            "comm_share",
+            "Time in gradient communication",
+            "share of step time",
+            comm,
+            {"percent": True, "reference": (f"whole run {total:.1f}%", total)},
+        )
+    )
     util = [(r["step"], r["gpu_util"]) for r in m.rows if "gpu_util" in r]
     figures.append(("gpu", "GPU utilisation (rank 0, NVML)", "utilisation", util, {"percent": True}))
-    written = [_figure(m, out / f"{name}.png", f"{heading} — {title}", ylabel, series, COLOURS[name.split("_")[0]], **style)
-               for name, heading, ylabel, series, style in figures if series]
+    written = [
+        _figure(m, out / f"{name}.png", f"{heading} — {title}", ylabel, series, COLOURS[name.split("_")[0]], **style)
+        for name, heading, ylabel, series, style in figures
+        if series
+    ]
     if m.windows:
         written.append(_rank_figure(m, out / "ranks.png", f"Compute time per rank — {title}"))
     return written
 
 
-def _figure(m: Metrics, path: Path, heading: str, ylabel: str, series: list[tuple[int, float]], colour: str, *,
-            percent: bool = False, log_ok: bool = False, reference: tuple[str, float] | None = None,
-            robust: bool = False) -> Path:
+def _figure(
+    m: Metrics,
+    path: Path,
+    heading: str,
+    ylabel: str,
+    series: list[tuple[int, float]],
+    colour: str,
+    *,
+    percent: bool = False,
+    log_ok: bool = False,
+    reference: tuple[str, float] | None = None,
+    robust: bool = False,
+) -> Path:
     """One metric over the steps: every step faint, smoothed bold, the runs marked; written to ``path``."""
     import matplotlib.pyplot as plt
 
@@ -373,11 +423,21 @@ def _mark_runs(ax: Any, m: Metrics, xs: list[int]) -> None:
     top = blended_transform_factory(ax.transData, ax.transAxes)
     for previous, run in zip(m.runs, m.runs[1:]):
         x = run.start_step + 0.5
-        ax.axvline(x, color="#ff7f0e", linestyle="--", linewidth=1.3,
-                   label="requeued: next run resumes" if previous is m.runs[0] else None)
+        ax.axvline(
+            x,
+            color="#ff7f0e",
+            linestyle="--",
+            linewidth=1.3,
+            label="requeued: next run resumes" if previous is m.runs[0] else None,
+        )
         if previous.end_step is not None and previous.end_step > run.start_step:
-            ax.axvspan(x, previous.end_step + 0.5, color="#ff7f0e", alpha=0.08,
-                       label="steps redone from the checkpoint" if previous is m.runs[0] else None)
+            ax.axvspan(
+                x,
+                previous.end_step + 0.5,
+                color="#ff7f0e",
+                alpha=0.08,
+                label="steps redone from the checkpoint" if previous is m.runs[0] else None,
+            )
         ax.text(x, 0.98, f" run {run.run}", transform=top, color="#ff7f0e", fontsize=9, va="top", ha="left")
 
 
@@ -398,22 +458,34 @@ def _rank_figure(m: Metrics, path: Path, heading: str) -> Path:
     if world <= RANK_LINES_UP_TO:
         for rank in range(world):
             if rank not in named:
-                ax.plot(xs, series(rank), color="#9e9e9e", alpha=0.6, linewidth=1.0,
-                        label="other ranks" if rank == min(set(range(world)) - set(named), default=-1) else None)
+                ax.plot(
+                    xs,
+                    series(rank),
+                    color="#9e9e9e",
+                    alpha=0.6,
+                    linewidth=1.0,
+                    label="other ranks" if rank == min(set(range(world)) - set(named), default=-1) else None,
+                )
     else:
         low = [min((v for v in w["compute_ms"] if v is not None), default=math.nan) for w in m.windows]
         high = [max((v for v in w["compute_ms"] if v is not None), default=math.nan) for w in m.windows]
         ax.fill_between(xs, low, high, color="#9e9e9e", alpha=0.25, linewidth=0, label=f"all {world} ranks (fastest to slowest)")
-    ax.plot(xs, [w.get("median_ms", math.nan) for w in m.windows], color="#333333", linestyle="--", linewidth=1.4,
-            label="median")
+    ax.plot(xs, [w.get("median_ms", math.nan) for w in m.windows], color="#333333", linestyle="--", linewidth=1.4, label="median")
     hosts, marked = m.hosts, False
     for i, rank in enumerate(named):
         colour = STRAGGLER_COLOURS[i % len(STRAGGLER_COLOURS)]
         host = f" on {hosts[rank]}" if rank in hosts else ""
         ax.plot(xs, series(rank), color=colour, linewidth=2.2, label=f"rank {rank}{host} (straggler)")
         for s in (s for s in m.stragglers if s["rank"] == rank and s.get("step") in xs):
-            ax.plot([s["step"]], [series(rank)[xs.index(s["step"])]], marker="o", color=colour, markersize=7,
-                    linestyle="none", label=None if marked else "named")
+            ax.plot(
+                [s["step"]],
+                [series(rank)[xs.index(s["step"])]],
+                marker="o",
+                color=colour,
+                markersize=7,
+                linestyle="none",
+                label=None if marked else "named",
+            )
             marked = True
     ax.set_ylim(bottom=0)
     _mark_runs(ax, m, xs)

@@ -89,8 +89,9 @@ class LaunchInfo:
 
 
 def _renamed(old: str, new: str) -> None:
-    warnings.warn(f"LaunchInfo.{old} is renamed LaunchInfo.{new} (docs/plugins.md, \"LaunchInfo\")",
-                  DeprecationWarning, stacklevel=3)
+    warnings.warn(
+        f'LaunchInfo.{old} is renamed LaunchInfo.{new} (docs/plugins.md, "LaunchInfo")', DeprecationWarning, stacklevel=3
+    )
 
 
 class Backend:

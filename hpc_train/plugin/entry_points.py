@@ -72,8 +72,11 @@ def _read(group: str) -> list[EntryPoint]:
     found = []
     for ep in importlib.metadata.entry_points(group=group):
         dist = ep.dist
-        found.append(EntryPoint(ep.name, ep.value, dist.metadata["Name"] if dist else None,
-                                dist.version if dist else None, shipped_sites(ep)))
+        found.append(
+            EntryPoint(
+                ep.name, ep.value, dist.metadata["Name"] if dist else None, dist.version if dist else None, shipped_sites(ep)
+            )
+        )
     return found
 
 

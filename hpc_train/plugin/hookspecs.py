@@ -183,4 +183,3 @@ def hpc_train_node_suspect(site: str, node: str, reason: str, job_id: str | None
     Admins drain or report the node here (draining takes an operator's rights: a site plugin may call its
     own service instead). Results are ignored; an exception is logged and changes nothing for the job.
     """
-

@@ -84,8 +84,10 @@ class _SiteConflict:
     second_path: Path
 
     def __str__(self) -> str:
-        return (f"site {self.site!r} is provided by two plugins: {self.first!r} ({self.first_path}) "
-                f"and {self.second!r} ({self.second_path})")
+        return (
+            f"site {self.site!r} is provided by two plugins: {self.first!r} ({self.first_path}) "
+            f"and {self.second!r} ({self.second_path})"
+        )
 
 
 @dataclass
@@ -114,16 +116,22 @@ def _names(value: object, plugin: str, hook: str) -> list[Any]:
     if value is None:
         return []
     if isinstance(value, (str, bytes, os.PathLike)) or not isinstance(value, Collection):
-        raise PluginError(f"plugin {plugin!r}: {hook}() must return a list, got {value!r}",
-                          hint=f"return [{value!r}]" if isinstance(value, (str, os.PathLike)) else None)
+        raise PluginError(
+            f"plugin {plugin!r}: {hook}() must return a list, got {value!r}",
+            hint=f"return [{value!r}]" if isinstance(value, (str, os.PathLike)) else None,
+        )
     return list(value)
 
 
 class Plugins:
     """A plugin manager plus typed, keyword-only calls of every hook."""
 
-    def __init__(self, pm: pluggy.PluginManager, failures: list[PluginFailure],
-                 sources: Mapping[str, _Source | tuple[str | None, str | None]]) -> None:
+    def __init__(
+        self,
+        pm: pluggy.PluginManager,
+        failures: list[PluginFailure],
+        sources: Mapping[str, _Source | tuple[str | None, str | None]],
+    ) -> None:
         self.pm = pm
         self.failures = failures
         self._sources = {name: s if isinstance(s, _Source) else _Source(s[0], s[1], None) for name, s in sources.items()}
@@ -143,8 +151,18 @@ class Plugins:
             except TypeError:
                 path = None
             scope = self._scopes.get(name)
-            out.append(PluginInfo(name, module, source.distribution, source.version, hooks, source.entry_point, path,
-                                  tuple(sorted(scope)) if scope is not None else None))
+            out.append(
+                PluginInfo(
+                    name,
+                    module,
+                    source.distribution,
+                    source.version,
+                    hooks,
+                    source.entry_point,
+                    path,
+                    tuple(sorted(scope)) if scope is not None else None,
+                )
+            )
         return sorted(out, key=lambda p: p.name)
 
     @functools.cached_property
@@ -203,9 +221,10 @@ class Plugins:
         """
         files = self._site_files
         if files.conflicts:
-            raise PluginError("; ".join(map(str, files.conflicts)),
-                              hint="uninstall one, or switch one off with HPC_TRAIN_DISABLE_PLUGINS="
-                                   + files.conflicts[0].second)
+            raise PluginError(
+                "; ".join(map(str, files.conflicts)),
+                hint="uninstall one, or switch one off with HPC_TRAIN_DISABLE_PLUGINS=" + files.conflicts[0].second,
+            )
         return [(folder, f"plugin {name}") for folder, name in files.dirs]
 
     @functools.cached_property
@@ -235,8 +254,11 @@ class Plugins:
 
     def _hook(self, hook: str, site: SiteConfig | str | None) -> pluggy.HookCaller:
         """The hook with the plugins that do not serve ``site`` left out (None: only unscoped plugins)."""
-        skip = [plugin for name, plugin in self.pm.list_name_plugin()
-                if self._scopes.get(name) is not None and (site is None or not self.serves(name, site))]
+        skip = [
+            plugin
+            for name, plugin in self.pm.list_name_plugin()
+            if self._scopes.get(name) is not None and (site is None or not self.serves(name, site))
+        ]
         return self.pm.subset_hook_caller(hook, skip)
 
     def check_site(self, name: str, known: Collection[str]) -> None:
@@ -252,7 +274,7 @@ class Plugins:
                 raise PluginError(
                     f"site {name!r} comes from {failure.origin}, which failed to load: {failure.error}",
                     hint=f"ask your admin to fix or reinstall {failure.distribution or 'it'} "
-                         "(`python -m hpc_train plugins` shows the error), or " + DISABLE_HINT.format(name=failure.name),
+                    "(`python -m hpc_train plugins` shows the error), or " + DISABLE_HINT.format(name=failure.name),
                 )
         if name not in known:
             unsure = [f for f in self.failures if not f.sites]
@@ -297,8 +319,7 @@ class Plugins:
         self._hook("hpc_train_after_submit", plan.site)(handle=handle, plan=plan)
 
     def node_suspect(self, site: str, node: str, reason: str, job_id: str | None, job_folder: Path) -> None:
-        self._hook("hpc_train_node_suspect", site)(site=site, node=node, reason=reason, job_id=job_id,
-                                                   job_folder=job_folder)
+        self._hook("hpc_train_node_suspect", site)(site=site, node=node, reason=reason, job_id=job_id, job_folder=job_folder)
 
     def cli_commands(self, on_error: Callable[[str], None]) -> list[tuple[str, CliCommand]]:
         """(plugin name, command) for each plugin subcommand; problems go to ``on_error``, never raise."""
@@ -311,8 +332,10 @@ class Plugins:
                 continue
             for command in commands:
                 if not isinstance(command, hookspecs.CliCommand) or not isinstance(getattr(command, "name", None), str):
-                    on_error(f"plugin {impl.plugin_name!r}: {command!r} is not a command "
-                             "(it needs a `name`, `register(subparsers)` and `run(args)`)")
+                    on_error(
+                        f"plugin {impl.plugin_name!r}: {command!r} is not a command "
+                        "(it needs a `name`, `register(subparsers)` and `run(args)`)"
+                    )
                     continue
                 out.append((impl.plugin_name, command))
         return out
@@ -363,8 +386,7 @@ def get_plugin_manager(
             except Exception as exc:  # a broken plugin must not break the tool
                 if pm.get_plugin(ep.name) is not None:
                     pm.unregister(name=ep.name)
-                failures.append(PluginFailure(ep.name, dist, _describe(exc), traceback.format_exc(), version, where,
-                                              ep.sites))
+                failures.append(PluginFailure(ep.name, dist, _describe(exc), traceback.format_exc(), version, where, ep.sites))
                 continue
             sources[ep.name] = _Source(dist, version, where)
     for plugin in extra_plugins:
@@ -399,8 +421,11 @@ def hook_reference() -> str:
         notes = []
         if opts.get("firstresult"):
             notes.append("first non-None result wins")
-        notes.append("site-scoped: called only for jobs on the sites the plugin serves"
-                     if name in hookspecs.SITE_SCOPED_HOOKS else "not site-scoped")
+        notes.append(
+            "site-scoped: called only for jobs on the sites the plugin serves"
+            if name in hookspecs.SITE_SCOPED_HOOKS
+            else "not site-scoped"
+        )
         doc = inspect.getdoc(spec) or ""
         blocks.append(f"### `{name}({params}) -> {returns}`\n\n*{'; '.join(notes)}*\n\n{_md(doc)}\n")
     blocks.append(f"### `CliCommand`\n\n{_md(inspect.getdoc(hookspecs.CliCommand) or '')}\n")

@@ -42,7 +42,7 @@ def remove_added(argv: list[str], environ: MutableMapping[str, str], pid: int) -
         ours, added = record["pid"] == pid, [str(a) for a in record["args"]]
     except (ValueError, TypeError, KeyError):
         return []  # not written by our launch: nothing of it is ours to remove
-    if not ours or not added or argv[1:1 + len(added)] != added:
+    if not ours or not added or argv[1 : 1 + len(added)] != added:
         return []
-    del argv[1:1 + len(added)]
+    del argv[1 : 1 + len(added)]
     return added

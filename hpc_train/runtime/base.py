@@ -80,8 +80,14 @@ class BackendRuntime:
             kwargs: dict[str, Any] = {}
             if self.device.type == "cuda":
                 kwargs["device_id"] = self.device
-            dist.init_process_group(self.dist_backend, init_method="env://", rank=self.env.rank,
-                                    world_size=self.env.world_size, timeout=datetime.timedelta(minutes=30), **kwargs)
+            dist.init_process_group(
+                self.dist_backend,
+                init_method="env://",
+                rank=self.env.rank,
+                world_size=self.env.world_size,
+                timeout=datetime.timedelta(minutes=30),
+                **kwargs,
+            )
 
     def shutdown(self) -> None:
         """Stop the backend in this process; the Context has already let every rank get here (barrier)."""
@@ -128,7 +134,8 @@ class BackendRuntime:
         raise NotImplementedError(
             f"{type(self).__qualname__} does not say how gradients are averaged across {self.env.world_size} processes: "
             "override wrap() (return the model itself when synchronize_gradients() or the optimizer averages), "
-            "or subclass hpc_train.runtime.base.AllReduceRuntime")
+            "or subclass hpc_train.runtime.base.AllReduceRuntime"
+        )
 
     def set_gradient_sync(self, sync: bool) -> None:
         """Whether the next backward should reduce gradients (False on accumulation micro-steps), for a
@@ -293,7 +300,7 @@ def average_in_place(tensors: Sequence[Any], size: int, group: Any = None) -> No
     flat /= size
     offset = 0
     for t in tensors:
-        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        t.copy_(flat[offset : offset + t.numel()].view_as(t))
         offset += t.numel()
 
 

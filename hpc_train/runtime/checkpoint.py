@@ -239,17 +239,24 @@ def _to_cpu(obj: Any, staging: dict[tuple[Any, ...], Any], path: tuple[Any, ...]
 class Checkpointer:
     """Save every N steps and when the job must stop; restore the newest complete checkpoint."""
 
-    def __init__(self, ctx: Context, folder: str | os.PathLike[str] | None = None, every: int | None = None,
-                 keep: int | None = None, async_save: bool | None = None,
-                 restart_from_scratch: bool | None = None) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        folder: str | os.PathLike[str] | None = None,
+        every: int | None = None,
+        keep: int | None = None,
+        async_save: bool | None = None,
+        restart_from_scratch: bool | None = None,
+    ) -> None:
         env = os.environ
         self.ctx = ctx
         self.folder = Path(folder or env.get(contract.ENV_CHECKPOINT_DIR) or contract.CHECKPOINTS)
         self.every = every if every is not None else int(env.get(contract.ENV_CHECKPOINT_EVERY) or 0)
         self.keep = max(1, keep if keep is not None else int(env.get(contract.ENV_KEEP_CHECKPOINTS) or 2))
         self.async_save = async_save if async_save is not None else env.get(contract.ENV_ASYNC_CHECKPOINT) == "1"
-        self.restart_from_scratch = (restart_from_scratch if restart_from_scratch is not None
-                                     else env.get(contract.ENV_RESTART_FROM_SCRATCH) == "1")
+        self.restart_from_scratch = (
+            restart_from_scratch if restart_from_scratch is not None else env.get(contract.ENV_RESTART_FROM_SCRATCH) == "1"
+        )
         self.run = int(env.get(contract.ENV_RUN) or 1)
         self.max_restarts = int(env[contract.ENV_MAX_RESTARTS]) if env.get(contract.ENV_MAX_RESTARTS) else None
         self.no_retry_file = env.get(contract.ENV_NO_RETRY_FILE) or None
@@ -280,8 +287,9 @@ class Checkpointer:
             "run": self.run,
             "rng": rng,
             "runtime": self.ctx.runtime.checkpoint_state(),
-            "tracked": {name: (obj.state_dict() if hasattr(obj, "state_dict") else dict(obj))
-                        for name, obj in self.tracked.items()},
+            "tracked": {
+                name: (obj.state_dict() if hasattr(obj, "state_dict") else dict(obj)) for name, obj in self.tracked.items()
+            },
         }
         return payload
 
@@ -367,13 +375,17 @@ class Checkpointer:
         listing = "; ".join(f"step {step}: {problem}" for step, _, problem in failed)
         if self.restart_from_scratch:
             if self.ctx.is_main:
-                log(f"run {self.run}: no checkpoint in {self.folder} loads ({listing}); "
-                    "restart from scratch requested: starting over from step 0")
+                log(
+                    f"run {self.run}: no checkpoint in {self.folder} loads ({listing}); "
+                    "restart from scratch requested: starting over from step 0"
+                )
             self._set_aside(failed)
             return 0
-        message = (f"no checkpoint in {self.folder} loads ({listing}); not starting over from step 0 on "
-                   "its own: repair or remove them, or resubmit with --restart-from-scratch "
-                   f"({contract.ENV_RESTART_FROM_SCRATCH}=1) to set them aside and train from step 0")
+        message = (
+            f"no checkpoint in {self.folder} loads ({listing}); not starting over from step 0 on "
+            "its own: repair or remove them, or resubmit with --restart-from-scratch "
+            f"({contract.ENV_RESTART_FROM_SCRATCH}=1) to set them aside and train from step 0"
+        )
         if self.ctx.is_main:
             log(message)
             self._no_retry(message)
@@ -424,8 +436,9 @@ class Checkpointer:
             background = self.async_save if wait is None else not wait
             if background and payload["runtime"] is not None:
                 snapshot = _to_cpu(payload, self._staging)  # training goes on changing the live tensors
-                self._writer = threading.Thread(target=self._write_guarded, args=(snapshot, tmp, final, step),
-                                                name="hpc_train-checkpoint-writer")
+                self._writer = threading.Thread(
+                    target=self._write_guarded, args=(snapshot, tmp, final, step), name="hpc_train-checkpoint-writer"
+                )
                 self._writer.start()
             else:
                 try:  # training waits for this write: the live tensors cannot change under it
@@ -437,8 +450,9 @@ class Checkpointer:
                 shutil.rmtree(tmp, ignore_errors=True)
             runtime.barrier()  # so that a rank's report of free space counts the partial write as gone
             if engine_error is not None:
-                failure = self._failure(step, engine_error, self._needed(payload),
-                                        f"rank {self.ctx.rank} writing its engine state")
+                failure = self._failure(
+                    step, engine_error, self._needed(payload), f"rank {self.ctx.rank} writing its engine state"
+                )
             self._raise_agreed(failure)
         self.last_saved = step
 
@@ -490,8 +504,9 @@ class Checkpointer:
             os.replace(tmp, final)
             marker = final / f".{COMMIT}.tmp"
             # "files" stays {name: size}: what markers without digests held, so older readers still work
-            marker.write_text(json.dumps({"step": step, "files": sizes, "digest": DIGEST, "digests": digests,
-                                          "committed_at": time.time()}))
+            marker.write_text(
+                json.dumps({"step": step, "files": sizes, "digest": DIGEST, "digests": digests, "committed_at": time.time()})
+            )
             with open(marker, "rb") as f:
                 os.fsync(f.fileno())
             os.replace(marker, final / COMMIT)
@@ -540,7 +555,7 @@ class Checkpointer:
         return CheckpointError(f"{what}: {detail}; {kept}")
 
     def _prune(self) -> None:
-        for _, path in self.complete()[self.keep:]:
+        for _, path in self.complete()[self.keep :]:
             shutil.rmtree(path, ignore_errors=True)
         for path in self.folder.glob("step-*.tmp-*"):
             shutil.rmtree(path, ignore_errors=True)  # left by a writer that died; the new one is committed
@@ -588,8 +603,10 @@ class Checkpointer:
         if self.ctx.is_main:
             log(f"run {self.run}: stopping at step {step}: {reason}")
             if self.max_restarts is not None and self.run > self.max_restarts:
-                log(f"restart budget exhausted ({self.max_restarts} restarts); step {step} is saved in {self.folder}, "
-                    "resubmit to continue")
+                log(
+                    f"restart budget exhausted ({self.max_restarts} restarts); step {step} is saved in {self.folder}, "
+                    "resubmit to continue"
+                )
                 code = EXIT_STOPPED
             else:
                 done, message = requeue()

@@ -54,11 +54,15 @@ class Context:
         return self.env.rank == 0
 
     def __repr__(self) -> str:
-        return (f"Context(backend={self.backend!r}, rank={self.rank}, local_rank={self.local_rank}, "
-                f"world_size={self.world_size}, node_rank={self.node_rank}, device={self.device})")
+        return (
+            f"Context(backend={self.backend!r}, rank={self.rank}, local_rank={self.local_rank}, "
+            f"world_size={self.world_size}, node_rank={self.node_rank}, device={self.device})"
+        )
 
     # -- training ----------------------------------------------------------------------------
-    def prepare(self, model: Any, optimizer: Any = None, *, activation_checkpointing: bool | tuple[type, ...] | None = None) -> tuple[Any, Any]:
+    def prepare(
+        self, model: Any, optimizer: Any = None, *, activation_checkpointing: bool | tuple[type, ...] | None = None
+    ) -> tuple[Any, Any]:
         """Move and wrap the model (DDP, DeepSpeed engine, Horovod, MPI averaging) and its optimizer."""
         checkpointing = self.options.activation_checkpointing if activation_checkpointing is None else activation_checkpointing
         if checkpointing:
@@ -74,13 +78,15 @@ class Context:
                     module.register_forward_pre_hook(lambda *_: heartbeat.alive())
         return model, optimizer
 
-    def loader(self, dataset: Any, batch_size: int, *, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
-               **loader_kwargs: Any) -> DistributedLoader:
+    def loader(
+        self, dataset: Any, batch_size: int, *, shuffle: bool = True, seed: int = 0, drop_last: bool = False, **loader_kwargs: Any
+    ) -> DistributedLoader:
         """This rank's shard of ``dataset``; each pass is a new, consistently shuffled epoch."""
         # with a --parallel layout the ranks of one tp group / pipeline read the same batches: shard by dp
         rank, size = (self.parallel.dp_rank, self.parallel.dp_size) if self.parallel else (self.env.rank, self.env.world_size)
-        return DistributedLoader(dataset, batch_size, rank, size, shuffle=shuffle, seed=seed,
-                                 drop_last=drop_last, **loader_kwargs)
+        return DistributedLoader(
+            dataset, batch_size, rank, size, shuffle=shuffle, seed=seed, drop_last=drop_last, **loader_kwargs
+        )
 
     def batches(self, loader: DistributedLoader, start: int = 0, total: int | None = None) -> Iterator[Any]:
         """Batches epoch after epoch from overall batch ``start`` (what restore() returned), ending once
@@ -89,15 +95,23 @@ class Context:
             self.metrics.start_at(start)
         return batches(loader, start, total)
 
-    def checkpointer(self, folder: str | None = None, *, every: int | None = None, keep: int | None = None,
-                     async_save: bool | None = None, restart_from_scratch: bool | None = None) -> Checkpointer:
+    def checkpointer(
+        self,
+        folder: str | None = None,
+        *,
+        every: int | None = None,
+        keep: int | None = None,
+        async_save: bool | None = None,
+        restart_from_scratch: bool | None = None,
+    ) -> Checkpointer:
         """This job's checkpoints: ``restore()`` once, then ``step(n)`` after every step.
 
         Defaults come from the job (--checkpoint-every, --keep-checkpoints, --async-checkpoint,
         --restart-from-scratch); the folder is the job's own, so two jobs never load each other's state.
         """
-        checkpointer = Checkpointer(self, folder, every=every, keep=keep, async_save=async_save,
-                                    restart_from_scratch=restart_from_scratch)
+        checkpointer = Checkpointer(
+            self, folder, every=every, keep=keep, async_save=async_save, restart_from_scratch=restart_from_scratch
+        )
         if self.metrics is not None:
             self.metrics.follow_restore(checkpointer)
         self._checkpointers.append(checkpointer)
@@ -223,8 +237,9 @@ def runtime_class(backend: str) -> type[BackendRuntime]:
     module, _, name = path.partition(":")
     cls = getattr(importlib.import_module(module), name, None)
     if not (isinstance(cls, type) and issubclass(cls, BackendRuntime)):
-        raise TypeError(f"backend {backend!r} names the runtime {path!r}, which is not a "
-                        "hpc_train.runtime.base.BackendRuntime subclass")
+        raise TypeError(
+            f"backend {backend!r} names the runtime {path!r}, which is not a hpc_train.runtime.base.BackendRuntime subclass"
+        )
     return cls
 
 

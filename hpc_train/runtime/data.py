@@ -9,16 +9,25 @@ from typing import Any
 class DistributedLoader:
     """A DataLoader over a DistributedSampler that sets the sampler's epoch on every pass."""
 
-    def __init__(self, dataset: Any, batch_size: int, rank: int, world_size: int, shuffle: bool = True,
-                 seed: int = 0, drop_last: bool = False, **loader_kwargs: Any) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        **loader_kwargs: Any,
+    ) -> None:
         from torch.utils.data import DataLoader, DistributedSampler
 
-        self.sampler: Any = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
-                                          seed=seed, drop_last=drop_last)
+        self.sampler: Any = DistributedSampler(
+            dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
+        )
         self._loader_kwargs = loader_kwargs
         self._seed = seed
-        self.loader = DataLoader(dataset, batch_size=batch_size, sampler=self.sampler, drop_last=drop_last,
-                                 **loader_kwargs)
+        self.loader = DataLoader(dataset, batch_size=batch_size, sampler=self.sampler, drop_last=drop_last, **loader_kwargs)
         self.epoch = 0
 
     def __iter__(self) -> Iterator[Any]:
@@ -30,12 +39,18 @@ class DistributedLoader:
         from torch.utils.data import DataLoader
 
         self.sampler.set_epoch(self.epoch)
-        indices = list(self.sampler)[batch * (self.loader.batch_size or 1):]
+        indices = list(self.sampler)[batch * (self.loader.batch_size or 1) :]
         # Starting an iterator draws a seed from the generator it is given, else from the global RNG;
         # a per-epoch generator keeps the training RNG stream identical whether or not we resumed.
         generator = torch.Generator().manual_seed(self._seed * 1_000_003 + self.epoch)
-        yield from DataLoader(self.loader.dataset, batch_size=self.loader.batch_size, sampler=indices,
-                              drop_last=self.loader.drop_last, generator=generator, **self._loader_kwargs)
+        yield from DataLoader(
+            self.loader.dataset,
+            batch_size=self.loader.batch_size,
+            sampler=indices,
+            drop_last=self.loader.drop_last,
+            generator=generator,
+            **self._loader_kwargs,
+        )
         self.epoch += 1
 
     def __len__(self) -> int:

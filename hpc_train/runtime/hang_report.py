@@ -15,9 +15,11 @@ from typing import Any
 
 # frames of a main thread that waits on its peers: a collective, DDP's backward, a launcher's allreduce
 # (MPI's and Horovod's waits are in C: the last Python frame is the runtime's gradient averaging)
-_WAITING = re.compile(r"torch/distributed/|torch/autograd/|horovod/|mpi4py|deepspeed/(comm|runtime)|_runtime\.py|"
-                      r"in (all_reduce|allreduce|barrier|broadcast|all_gather|allgather|reduce_scatter|wait|"
-                      r"synchronize_gradients|any_ranks?|gather_object)\b")
+_WAITING = re.compile(
+    r"torch/distributed/|torch/autograd/|horovod/|mpi4py|deepspeed/(comm|runtime)|_runtime\.py|"
+    r"in (all_reduce|allreduce|barrier|broadcast|all_gather|allgather|reduce_scatter|wait|"
+    r"synchronize_gradients|any_ranks?|gather_object)\b"
+)
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+", re.MULTILINE)
 
 
@@ -48,8 +50,9 @@ def waiting(frames: list[str]) -> bool:
     return any(_WAITING.search(frame) for frame in frames)
 
 
-def behind(beats: dict[int, dict[str, Any]], world: int, dumps: dict[int, str],
-           flight: dict[int, dict[str, Any]] | None = None) -> list[Culprit]:
+def behind(
+    beats: dict[int, dict[str, Any]], world: int, dumps: dict[int, str], flight: dict[int, dict[str, Any]] | None = None
+) -> list[Culprit]:
     """The ranks holding the others up; [] when the evidence does not single anyone out."""
     missing = [rank for rank in range(world) if rank not in beats]
     if missing and len(missing) < world:
@@ -57,15 +60,20 @@ def behind(beats: dict[int, dict[str, Any]], world: int, dumps: dict[int, str],
     steps = {rank: int(beat.get("steps", 0)) for rank, beat in beats.items()}
     low, high = min(steps.values()), max(steps.values())
     if low < high:
-        return [_culprit(r, beats, dumps, f"stopped at step {low} of this run; the others reached {high}")
-                for r in sorted(steps) if steps[r] == low]
+        return [
+            _culprit(r, beats, dumps, f"stopped at step {low} of this run; the others reached {high}")
+            for r in sorted(steps)
+            if steps[r] == low
+        ]
     lagging = behind_in_collectives(flight or {})
     if lagging:
         return [_culprit(r, beats, dumps, why) for r, why in sorted(lagging.items())]
     silent = [rank for rank in beats if rank not in dumps]
     if silent and len(silent) < len(beats):
-        return [_culprit(r, beats, dumps, "did not answer the request for stacks (stopped, or stuck holding the GIL)")
-                for r in sorted(silent)]
+        return [
+            _culprit(r, beats, dumps, "did not answer the request for stacks (stopped, or stuck holding the GIL)")
+            for r in sorted(silent)
+        ]
     stacks = {rank: main_stack(text) for rank, text in dumps.items()}
     busy = [rank for rank, frames in stacks.items() if frames and not waiting(frames)]
     if busy and len(busy) < len(stacks):
@@ -94,8 +102,12 @@ def behind_in_collectives(flight: dict[int, dict[str, Any]]) -> dict[int, str]:
         seqs = {rank: groups[group] for rank, groups in newest.items() if group in groups}
         top = max(seqs.values())
         if len(seqs) > 1 and min(seqs.values())[0] < top[0]:
-            return {rank: f"has not entered collective #{top[0]} ({top[1]}, process group {group}) that the others "
-                          f"wait in; its last was #{seq}" for rank, (seq, _) in seqs.items() if seq < top[0]}
+            return {
+                rank: f"has not entered collective #{top[0]} ({top[1]}, process group {group}) that the others "
+                f"wait in; its last was #{seq}"
+                for rank, (seq, _) in seqs.items()
+                if seq < top[0]
+            }
     return {}
 
 
@@ -106,8 +118,11 @@ def _culprit(rank: int, beats: dict[int, dict[str, Any]], dumps: dict[int, str],
 
 
 # errors a rank gets because a peer died, not because of its own node
-_CONSEQUENCE = re.compile(r"DistBackendError|DistNetworkError|Connection (closed|reset)|peer|Broken pipe|"
-                          r"timed? ?out|NCCL communicator|ProcessGroup|MPI_ERR|HorovodInternalError", re.IGNORECASE)
+_CONSEQUENCE = re.compile(
+    r"DistBackendError|DistNetworkError|Connection (closed|reset)|peer|Broken pipe|"
+    r"timed? ?out|NCCL communicator|ProcessGroup|MPI_ERR|HorovodInternalError",
+    re.IGNORECASE,
+)
 
 
 def first_failures(beats: dict[int, dict[str, Any]], wave_s: float = 1.0) -> list[Culprit]:
@@ -127,5 +142,7 @@ def first_failures(beats: dict[int, dict[str, Any]], wave_s: float = 1.0) -> lis
     others = {beat.get("host") for rank, beat in beats.items() if rank not in wave}
     if len(hosts) != 1 or not others - hosts:
         return []
-    return [Culprit(rank, str(beats[rank].get("host")), f"failed first ({beats[rank].get('error') or 'no error recorded'})")
-            for rank in sorted(wave)]
+    return [
+        Culprit(rank, str(beats[rank].get("host")), f"failed first ({beats[rank].get('error') or 'no error recorded'})")
+        for rank in sorted(wave)
+    ]

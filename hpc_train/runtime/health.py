@@ -54,14 +54,19 @@ def no_progress(job_folder: Path, run: int) -> str | None:
     if run < 2 or began is None or newest_step(job_folder) > began:
         return None
     where = f"step {began}" if began >= 0 else "the start (no checkpoint)"
-    return (f"run {run} was a restart and failed without getting past {where}, as the run before it did; "
-            "a crash loop would only use up the restart budget and queue time")
+    return (
+        f"run {run} was a restart and failed without getting past {where}, as the run before it did; "
+        "a crash loop would only use up the restart budget and queue time"
+    )
 
 
 def node_check_failed(job_folder: Path, run: int) -> set[str]:
     """The nodes that failed this run's node check (hpc_train.runtime.node_check): the run never trains on them."""
-    return {str(s["node"]) for s in read_suspects(job_folder)
-            if s.get("run") == run and str(s.get("reason", "")).startswith(NODE_CHECK_REASON)}
+    return {
+        str(s["node"])
+        for s in read_suspects(job_folder)
+        if s.get("run") == run and str(s.get("reason", "")).startswith(NODE_CHECK_REASON)
+    }
 
 
 def name_crash_culprit(job_folder: Path, heartbeats: Path | None, run: int, environ: Mapping[str, str]) -> None:
@@ -108,8 +113,13 @@ def step_nodes(job_folder: Path, environ: Mapping[str, str], anyway: bool = Fals
     but never a node that failed this run's node check)."""
     needed = int(environ.get(contract.ENV_NODES) or 1)
     try:
-        out = subprocess.run(["scontrol", "show", "hostnames", environ.get("SLURM_JOB_NODELIST", "")],
-                             capture_output=True, text=True, timeout=30, env={**os.environ, **environ})
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", environ.get("SLURM_JOB_NODELIST", "")],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={**os.environ, **environ},
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     allocated = out.stdout.split()

@@ -99,8 +99,16 @@ class Heartbeat:
 
     def _write(self) -> None:
         written = (self.steps, self.state, self.at)
-        record = {"rank": self.rank, "host": self.host, "pid": os.getpid(), "run": self.run,
-                  "steps": written[0], "at": written[2], "state": written[1], "error": self.error}
+        record = {
+            "rank": self.rank,
+            "host": self.host,
+            "pid": os.getpid(),
+            "run": self.run,
+            "steps": written[0],
+            "at": written[2],
+            "state": written[1],
+            "error": self.error,
+        }
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         try:
             with self._lock:
@@ -116,8 +124,10 @@ class Heartbeat:
         target = self.dumps / f"rank-{self.rank}.txt"
         try:
             with open(target, "w") as out:
-                out.write(f"rank {self.rank} on {self.host} (pid {os.getpid()}), {self.steps} steps this run, "
-                          f"last at {time.strftime('%H:%M:%S', time.localtime(self.at))}\n")
+                out.write(
+                    f"rank {self.rank} on {self.host} (pid {os.getpid()}), {self.steps} steps this run, "
+                    f"last at {time.strftime('%H:%M:%S', time.localtime(self.at))}\n"
+                )
                 out.flush()
                 faulthandler.dump_traceback(out, all_threads=True)
         except OSError:

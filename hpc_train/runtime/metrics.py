@@ -142,9 +142,18 @@ class _CudaClock:
 class MetricsRecorder:
     """Per-step measurements of one process; rank 0 writes them (see the module docstring)."""
 
-    def __init__(self, folder: Path | None, *, rank: int = 0, world_size: int = 1, backend: str = "torchrun",
-                 device_type: str = "cpu", run: int | None = None, job_id: str | None = None,
-                 flush_s: float | None = None) -> None:
+    def __init__(
+        self,
+        folder: Path | None,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        backend: str = "torchrun",
+        device_type: str = "cpu",
+        run: int | None = None,
+        job_id: str | None = None,
+        flush_s: float | None = None,
+    ) -> None:
         env = os.environ
         self.folder = folder
         self.rank, self.world_size, self.backend = rank, world_size, backend
@@ -191,10 +200,16 @@ class MetricsRecorder:
             self.time_method(runtime, "synchronize_gradients")
         parallel = getattr(runtime, "parallel", None)  # pipeline stages do different work: compared apart
         self.straggler = straggler.monitor(
-            rank=self.rank, world_size=self.world_size, gather=runtime.gather_object, seconds=self.clock.seconds,
-            settle=self.clock.settle, gather_numbers=number_gather(runtime, self.rank, self.world_size),
-            folder=self.folder if self.rank == 0 else None, run=self.run,
-            group=getattr(parallel, "stage", None) if parallel is not None and parallel.pp_size > 1 else None)
+            rank=self.rank,
+            world_size=self.world_size,
+            gather=runtime.gather_object,
+            seconds=self.clock.seconds,
+            settle=self.clock.settle,
+            gather_numbers=number_gather(runtime, self.rank, self.world_size),
+            folder=self.folder if self.rank == 0 else None,
+            run=self.run,
+            group=getattr(parallel, "stage", None) if parallel is not None and parallel.pp_size > 1 else None,
+        )
 
     def time_method(self, obj: Any, name: str) -> None:
         """Replace ``obj.name`` on the instance by a version that counts its time as communication."""
@@ -368,9 +383,17 @@ class MetricsRecorder:
             self._jsonl = open(self.folder / JSONL, "a", buffering=1 << 16)  # noqa: SIM115 (kept open for the run)
         if not self._header_written:
             self._header_written = True
-            header = {"event": "run_start", "run": self.run, "start_step": self.start_step,
-                      "time": round(self.started_at, 3), "job_id": self.job_id, "backend": self.backend,
-                      "world_size": self.world_size, "host": socket.gethostname(), "device": self.device_type}
+            header = {
+                "event": "run_start",
+                "run": self.run,
+                "start_step": self.start_step,
+                "time": round(self.started_at, 3),
+                "job_id": self.job_id,
+                "backend": self.backend,
+                "world_size": self.world_size,
+                "host": socket.gethostname(),
+                "device": self.device_type,
+            }
             self._jsonl.write(json.dumps(header) + "\n")
         self._jsonl.write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows + (windows or [])))
         self._jsonl.flush()  # to the OS: readable from the login node; no fsync per flush
@@ -393,8 +416,7 @@ class MetricsRecorder:
             assert self.folder is not None
             # a requeued run redoes the steps after its checkpoint: drop the old run's copies of them
             purge = self.start_step + 1 if self.run > 1 else None
-            self._tb = SummaryWriter(str(self.folder / TB_DIR), purge_step=purge,
-                                     filename_suffix=f".run{self.run}")
+            self._tb = SummaryWriter(str(self.folder / TB_DIR), purge_step=purge, filename_suffix=f".run{self.run}")
         if self._tb is False:
             return
         from tensorboard.compat.proto.summary_pb2 import Summary
@@ -405,7 +427,7 @@ class MetricsRecorder:
         per_event = max(1, math.ceil(len(rows) / budget))
         writer = self._tb._get_file_writer()
         for i in range(0, len(rows), per_event):
-            chunk = rows[i:i + per_event]
+            chunk = rows[i : i + per_event]
             values = [Summary.Value(tag=tag, simple_value=v) for tag, v in _tb_scalars(chunk).items()]
             writer.add_summary(Summary(value=values), chunk[-1]["step"], chunk[-1]["time"])
         writer.flush()
@@ -442,21 +464,37 @@ class MetricsRecorder:
                 "step": Gauge("hpc_train_step", "Optimizer steps done", labels, registry=registry),
                 "run": Gauge("hpc_train_run", "Run of the job (1 + requeues)", labels, registry=registry),
                 "step_s": Gauge("hpc_train_step_seconds", "Mean step time since the last update", labels, registry=registry),
-                "samples_per_s": Gauge("hpc_train_samples_per_second", "Samples per second, all ranks", labels, registry=registry),
+                "samples_per_s": Gauge(
+                    "hpc_train_samples_per_second", "Samples per second, all ranks", labels, registry=registry
+                ),
                 "loss": Gauge("hpc_train_loss", "Rank 0's training loss (last step)", labels, registry=registry),
-                "comm_share": Gauge("hpc_train_comm_share_ratio", "Share of step time in gradient communication", labels, registry=registry),
-                "gpu_util": Gauge("hpc_train_gpu_utilization_ratio", "Rank 0's GPU utilisation (NVML)", labels, registry=registry),
-                "gpu_mem_bytes": Gauge("hpc_train_gpu_memory_used_bytes", "Rank 0's GPU memory in use (NVML)", labels, registry=registry),
-                "updated": Gauge("hpc_train_last_update_timestamp_seconds", "When this file was written", labels, registry=registry),
+                "comm_share": Gauge(
+                    "hpc_train_comm_share_ratio", "Share of step time in gradient communication", labels, registry=registry
+                ),
+                "gpu_util": Gauge(
+                    "hpc_train_gpu_utilization_ratio", "Rank 0's GPU utilisation (NVML)", labels, registry=registry
+                ),
+                "gpu_mem_bytes": Gauge(
+                    "hpc_train_gpu_memory_used_bytes", "Rank 0's GPU memory in use (NVML)", labels, registry=registry
+                ),
+                "updated": Gauge(
+                    "hpc_train_last_update_timestamp_seconds", "When this file was written", labels, registry=registry
+                ),
             }
             self._prom = (registry, gauges, write_to_textfile)
         registry, gauges, write = self._prom
         key = {"job_id": self.job_id or "", "host": socket.gethostname()}
         means = _tb_scalars(rows)
         last = rows[-1]
-        values = {"step": last["step"], "run": self.run, "step_s": means.get("time/step_s"),
-                  "samples_per_s": means.get("throughput/samples_per_s"), "loss": last.get("loss"),
-                  "comm_share": means.get("comm/share"), "updated": time.time()}
+        values = {
+            "step": last["step"],
+            "run": self.run,
+            "step_s": means.get("time/step_s"),
+            "samples_per_s": means.get("throughput/samples_per_s"),
+            "loss": last.get("loss"),
+            "comm_share": means.get("comm/share"),
+            "updated": time.time(),
+        }
         if "gpu_util" in last:
             values["gpu_util"] = last["gpu_util"] / 100.0
             values["gpu_mem_bytes"] = last.get("gpu_mem_bytes")
@@ -544,8 +582,19 @@ def _tb_scalars(rows: list[dict[str, Any]]) -> dict[str, float]:
     for key, tag in (("gpu_util", "gpu/utilization_percent"), ("gpu_mem_bytes", "gpu/memory_used_bytes")):
         if key in rows[-1]:
             out[tag] = rows[-1][key]
-    known = {"step", "time", "run", "step_s", "samples", "samples_per_s", "loss", "comm_s", "comm_share",
-             "gpu_util", "gpu_mem_bytes"}
+    known = {
+        "step",
+        "time",
+        "run",
+        "step_s",
+        "samples",
+        "samples_per_s",
+        "loss",
+        "comm_s",
+        "comm_share",
+        "gpu_util",
+        "gpu_mem_bytes",
+    }
     for name in {k for r in rows for k in r} - known:
         values = [r[name] for r in rows if isinstance(r.get(name), (int, float))]
         if values:
@@ -565,8 +614,7 @@ def _nvml_sampler() -> Callable[[], dict[str, float]] | None:
         return None
 
     def sample() -> dict[str, float]:
-        return {"gpu_util": float(torch.cuda.utilization(device)),
-                "gpu_mem_bytes": float(torch.cuda.device_memory_used(device))}
+        return {"gpu_util": float(torch.cuda.utilization(device)), "gpu_mem_bytes": float(torch.cuda.device_memory_used(device))}
 
     return sample
 
@@ -577,6 +625,7 @@ def number_gather(runtime: BackendRuntime, rank: int, world_size: int) -> Callab
     Every backend's runtime has an all-reduce, and this one is cheaper than ``gather_object`` (pickling
     and two collectives): what a check every few dozen steps can afford. NaN stands for None.
     """
+
     def gather(value: float | None) -> list[float | None]:
         import torch
 
@@ -593,7 +642,6 @@ def recorder_for(backend: str, runtime: BackendRuntime, default: bool = True) ->
         return None
     device_type = getattr(runtime.device, "type", "cpu")
     env = runtime.env  # Horovod and MPI correct the launcher's view in init()
-    recorder = MetricsRecorder(metrics_dir(), rank=env.rank, world_size=env.world_size, backend=backend,
-                               device_type=device_type)
+    recorder = MetricsRecorder(metrics_dir(), rank=env.rank, world_size=env.world_size, backend=backend, device_type=device_type)
     recorder.attach(runtime)
     return recorder

@@ -57,27 +57,42 @@ def check_job_folder(job_folder: Path, host: str, timeout: float = FOLDER_TIMEOU
     worker.start()
     worker.join(timeout)
     if not outcome:
-        return Check("job folder", FAIL, f"{job_folder} did not answer within {timeout:g} s",
-                     "the shared file system hangs on this node (a stale mount?): drain it and tell the admins")
+        return Check(
+            "job folder",
+            FAIL,
+            f"{job_folder} did not answer within {timeout:g} s",
+            "the shared file system hangs on this node (a stale mount?): drain it and tell the admins",
+        )
     if outcome[0] != "ok":
-        return Check("job folder", FAIL, f"cannot write {job_folder} from here: {outcome[0]}",
-                     "the shared file system is read-only, full or not mounted on this node")
+        return Check(
+            "job folder",
+            FAIL,
+            f"cannot write {job_folder} from here: {outcome[0]}",
+            "the shared file system is read-only, full or not mounted on this node",
+        )
     return Check("job folder", OK, f"{job_folder} writable")
 
 
 def context(environ: Mapping[str, str]) -> Context:
     """What the job asks of this node: the GPUs Slurm gave it and the fabric its variables name."""
     gpus = environ.get("SLURM_GPUS_ON_NODE") or "0"
-    return Context(partition=environ.get("SLURM_JOB_PARTITION"), env=dict(environ), in_job=True,
-                   expected_gpus=int(gpus) if gpus.isdigit() else 0)
+    return Context(
+        partition=environ.get("SLURM_JOB_PARTITION"),
+        env=dict(environ),
+        in_job=True,
+        expected_gpus=int(gpus) if gpus.isdigit() else 0,
+    )
 
 
-def check_node(job_folder: Path, environ: Mapping[str, str], sys_root: Path = Path("/sys"),
-               host: str | None = None) -> Report:
+def check_node(job_folder: Path, environ: Mapping[str, str], sys_root: Path = Path("/sys"), host: str | None = None) -> Report:
     host = host or socket.gethostname()
     ctx = context(environ)
-    checks = [*check_gpus(ctx, run_command), check_infiniband(ctx, sys_root), *check_interfaces(ctx, sys_root),
-              check_job_folder(job_folder, host)]
+    checks = [
+        *check_gpus(ctx, run_command),
+        check_infiniband(ctx, sys_root),
+        *check_interfaces(ctx, sys_root),
+        check_job_folder(job_folder, host),
+    ]
     return Report(host, f"compute node (job {environ.get('SLURM_JOB_ID', '?')})", checks)
 
 
@@ -94,8 +109,18 @@ def run_check(job_folder: Path, environ: Mapping[str, str]) -> int:
 def srun_checks(environ: Mapping[str, str], timeout: float = TIMEOUT_S) -> list[Report]:
     """Every node's report, from one srun task per node of the allocation."""
     nodes = environ.get("SLURM_JOB_NUM_NODES") or "1"
-    argv = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
-            "--quiet", sys.executable, "-m", "hpc_train.runtime.node_check", "run"]
+    argv = [
+        "srun",
+        f"--nodes={nodes}",
+        f"--ntasks={nodes}",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=0",
+        "--quiet",
+        sys.executable,
+        "-m",
+        "hpc_train.runtime.node_check",
+        "run",
+    ]
     try:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     except OSError as exc:
@@ -119,7 +144,7 @@ def parse_reports(text: str) -> list[Report]:
         if not line.startswith(MARKER):
             continue
         try:
-            reports.append(Report.from_dict(json.loads(line[len(MARKER):])))
+            reports.append(Report.from_dict(json.loads(line[len(MARKER) :])))
         except (ValueError, KeyError, TypeError):
             continue  # a line cut short: that node counts as not reporting
     return reports
@@ -127,8 +152,9 @@ def parse_reports(text: str) -> list[Report]:
 
 def allocated_nodes(environ: Mapping[str, str]) -> list[str]:
     try:
-        out = subprocess.run(["scontrol", "show", "hostnames", environ.get("SLURM_JOB_NODELIST", "")],
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", environ.get("SLURM_JOB_NODELIST", "")], capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.TimeoutExpired):
         return []
     return out.stdout.split()
@@ -164,8 +190,10 @@ def judge(job_folder: Path, run: int, reports: list[Report], nodes: list[str], e
     for node, why in failed.items():
         log(f"node check: {node} failed: {why}")
         record_suspect(job_folder, node, run, NODE_CHECK_REASON + why, environ)
-    log(f"node check: {len(nodes) - len(failed)} of {len(nodes)} nodes passed"
-        + (f"; run {run} avoids {', '.join(failed)}" if failed else ""))
+    log(
+        f"node check: {len(nodes) - len(failed)} of {len(nodes)} nodes passed"
+        + (f"; run {run} avoids {', '.join(failed)}" if failed else "")
+    )
     return 1 if failed else 0
 
 

@@ -45,8 +45,17 @@ def command(spy: str, host: str, pid: int, job_id: str | None) -> list[str]:
     dump = [spy, "dump", "--pid", str(pid), "--nonblocking", "--full-filenames"]
     if not job_id:  # the local site: the rank is on this machine
         return dump
-    return ["srun", "--overlap", f"--jobid={job_id}", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
-            "--kill-on-bad-exit=0", "--quiet", *dump]
+    return [
+        "srun",
+        "--overlap",
+        f"--jobid={job_id}",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--nodelist={host}",
+        "--kill-on-bad-exit=0",
+        "--quiet",
+        *dump,
+    ]
 
 
 def dump_from_outside(host: str, pid: int, job_id: str | None, timeout: float = TIMEOUT_S) -> tuple[str | None, str]:

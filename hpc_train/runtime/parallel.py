@@ -66,8 +66,7 @@ class ParallelState:
     is_last_stage = property(lambda self: self.pp_rank == self.layout.pp - 1)
 
     def __repr__(self) -> str:
-        return (f"ParallelState({self.layout}, dp_rank={self.dp_rank}, tp_rank={self.tp_rank}, "
-                f"stage={self.stage})")
+        return f"ParallelState({self.layout}, dp_rank={self.dp_rank}, tp_rank={self.tp_rank}, stage={self.stage})"
 
 
 def build_mesh(layout: Layout, device_type: str) -> ParallelState:
@@ -98,8 +97,7 @@ class MeshOnly:
         layout = layout_from_env(world_size=self.env.world_size)  # type: ignore[attr-defined]
         assert layout is not None
         if layout.size != self.env.world_size:  # type: ignore[attr-defined]
-            raise RuntimeError(f"{ENV_VAR}={layout} needs {layout.size} processes, this job has "
-                               f"{self.env.world_size}")  # type: ignore[attr-defined]
+            raise RuntimeError(f"{ENV_VAR}={layout} needs {layout.size} processes, this job has {self.env.world_size}")  # type: ignore[attr-defined]
         if self.env.world_size == 1:  # type: ignore[attr-defined]
             _single_process_group(self.dist_backend)  # type: ignore[attr-defined]
         self.parallel = build_mesh(layout, self.device.type)  # type: ignore[attr-defined]
@@ -226,8 +224,9 @@ class Pipeline:
     """One pipeline stage and its schedule: ``loss = pipe.step(inputs, targets)`` runs forward and
     backward over the micro-batches; call ``ctx.step()`` after it as usual."""
 
-    def __init__(self, ctx: Context, layers: Sequence[Any], loss_fn: Callable[..., Any], microbatches: int,
-                 schedule: str = "gpipe") -> None:
+    def __init__(
+        self, ctx: Context, layers: Sequence[Any], loss_fn: Callable[..., Any], microbatches: int, schedule: str = "gpipe"
+    ) -> None:
         from torch.distributed.pipelining import (
             PipelineStage,
             Schedule1F1B,
@@ -265,8 +264,9 @@ class Pipeline:
         return loss
 
 
-def pipeline(ctx: Context, layers: Sequence[Any], loss_fn: Callable[..., Any], *, microbatches: int,
-             schedule: str = "gpipe") -> Any:
+def pipeline(
+    ctx: Context, layers: Sequence[Any], loss_fn: Callable[..., Any], *, microbatches: int, schedule: str = "gpipe"
+) -> Any:
     """This rank's pipeline stage of ``layers`` (split evenly), with a GPipe or 1F1B schedule.
 
     A runtime that declares ``owns_parallelism`` (DeepSpeed's) runs its framework's pipeline engine instead.

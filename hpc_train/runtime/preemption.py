@@ -94,8 +94,10 @@ def requeue(job_id: str | None = None, environ: Mapping[str, str] | None = None)
     ours = None if env.get("SLURM_ARRAY_TASK_ID") else int(env.get("SLURM_RESTART_COUNT") or 0)
     newer = ours is not None and (info.get("Restarts") or "0").isdigit() and int(info.get("Restarts") or 0) > ours
     if info and (info.get("JobState") != "RUNNING" or newer):
-        return True, (f"job {job_id} is already being requeued (now {info.get('JobState')}, "
-                      f"restart {info.get('Restarts')}); not requeueing it again")
+        return True, (
+            f"job {job_id} is already being requeued (now {info.get('JobState')}, "
+            f"restart {info.get('Restarts')}); not requeueing it again"
+        )
     try:
         out = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:

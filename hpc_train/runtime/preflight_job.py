@@ -40,7 +40,9 @@ def sizes_up_to(largest: int, start: int = 1 << 20) -> list[int]:
     return sizes + [largest]
 
 
-def timed_allreduce(tensor: torch.Tensor, iters: int, warmup: int, group: dist.ProcessGroup | None, device: torch.device) -> float:
+def timed_allreduce(
+    tensor: torch.Tensor, iters: int, warmup: int, group: dist.ProcessGroup | None, device: torch.device
+) -> float:
     """Seconds per all-reduce, the slowest rank's (a collective is as fast as its slowest member)."""
     for _ in range(warmup):
         dist.all_reduce(tensor, group=group)
@@ -101,10 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         unique = {tuple(p["nodes"]): p for per_rank in gathered for p in per_rank}
         result = {
-            "backend": backend, "world_size": world, "nodes": nodes,
+            "backend": backend,
+            "world_size": world,
+            "nodes": nodes,
             "device": torch.cuda.get_device_name(device) if use_cuda else "cpu",
-            "torch": torch.__version__, "iters": args.iters,
-            "sizes": rows, "pairs": [unique[k] for k in sorted(unique)],
+            "torch": torch.__version__,
+            "iters": args.iters,
+            "sizes": rows,
+            "pairs": [unique[k] for k in sorted(unique)],
             "ranks": everyone,  # each rank's host and fabric environment: proof the profile arrived
         }
         out = Path(args.out or Path(os.environ.get(contract.ENV_JOB_FOLDER, ".")) / "preflight.json")
@@ -125,13 +131,15 @@ def _all_ranks(sizes: list[int], args: argparse.Namespace, device: Any, rank: in
         algbw, busbw = bandwidth(size, seconds, world)
         rows.append({"bytes": size, "time_us": seconds * 1e6, "algbw_gbs": algbw, "busbw_gbs": busbw})
         if rank == 0:
-            print(f"preflight: {size:>12} B  {seconds * 1e6:10.1f} us  algbw {algbw:8.3f} GB/s  busbw {busbw:8.3f} GB/s",
-                  flush=True)
+            print(
+                f"preflight: {size:>12} B  {seconds * 1e6:10.1f} us  algbw {algbw:8.3f} GB/s  busbw {busbw:8.3f} GB/s", flush=True
+            )
     return rows
 
 
-def _node_pairs(nodes: list[str], everyone: list[dict], pair_size: int, args: argparse.Namespace, device: Any,
-                rank: int) -> list[dict]:
+def _node_pairs(
+    nodes: list[str], everyone: list[dict], pair_size: int, args: argparse.Namespace, device: Any, rank: int
+) -> list[dict]:
     """Every pair of nodes on its own, disjoint pairs side by side; the pairs this rank took part in."""
     pairs = []
     for round_ in tournament(nodes) if len(nodes) > 1 else []:
@@ -145,8 +153,15 @@ def _node_pairs(nodes: list[str], everyone: list[dict], pair_size: int, args: ar
             a, b, group, n = mine
             tensor = torch.ones(pair_size // 4, dtype=torch.float32, device=device)
             seconds = timed_allreduce(tensor, args.iters, args.warmup, group, device)
-            pairs.append({"nodes": [a, b], "ranks": n, "bytes": pair_size, "time_us": seconds * 1e6,
-                          "busbw_gbs": bandwidth(pair_size, seconds, n)[1]})
+            pairs.append(
+                {
+                    "nodes": [a, b],
+                    "ranks": n,
+                    "bytes": pair_size,
+                    "time_us": seconds * 1e6,
+                    "busbw_gbs": bandwidth(pair_size, seconds, n)[1],
+                }
+            )
         dist.barrier()
     return pairs
 

@@ -48,7 +48,12 @@ def load(folder: str, model: Any, optimizer: Any = None, scaler: Any = None) -> 
 
     state = _state(model, optimizer, scaler)
     dcp.load(state, checkpoint_id=folder)
-    set_state_dict(model, [optimizer] if optimizer is not None else [], model_state_dict=state["model"],
-                   optim_state_dict=state.get("optimizer", {}), options=_options())
+    set_state_dict(
+        model,
+        [optimizer] if optimizer is not None else [],
+        model_state_dict=state["model"],
+        optim_state_dict=state.get("optimizer", {}),
+        options=_options(),
+    )
     if scaler is not None and "scaler" in state:
         scaler.load_state_dict(state["scaler"])

@@ -62,8 +62,9 @@ def settings(environ: Mapping[str, str] | None = None, warn: Callable[[str], Non
     because a typo in an environment variable must not end a training run."""
     env = os.environ if environ is None else environ
     warn = warn or _log
-    return Settings(_threshold(env.get(contract.ENV_STRAGGLER_THRESHOLD, ""), warn),
-                    _window(env.get(contract.ENV_STRAGGLER_WINDOW, ""), warn))
+    return Settings(
+        _threshold(env.get(contract.ENV_STRAGGLER_THRESHOLD, ""), warn), _window(env.get(contract.ENV_STRAGGLER_WINDOW, ""), warn)
+    )
 
 
 def _threshold(raw: str, warn: Callable[[str], None]) -> float | None:
@@ -77,8 +78,10 @@ def _threshold(raw: str, warn: Callable[[str], None]) -> float | None:
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value < 0:
-        warn(f"straggler: {contract.ENV_STRAGGLER_THRESHOLD}={raw!r} is not a fraction (0.2 = 20 %) or 'off'; "
-             f"using {DEFAULT_THRESHOLD}")
+        warn(
+            f"straggler: {contract.ENV_STRAGGLER_THRESHOLD}={raw!r} is not a fraction (0.2 = 20 %) or 'off'; "
+            f"using {DEFAULT_THRESHOLD}"
+        )
         return DEFAULT_THRESHOLD
     return value or None  # "0.0" is off, as "0" is
 
@@ -182,8 +185,15 @@ class Rule:
             streak.reference += reference
             if streak.windows >= self.windows and not streak.named:
                 streak.named = True
-                named.append(Named(rank, streak.compute / streak.reference - 1, streak.compute / streak.windows,
-                                   streak.reference / streak.windows, streak.windows))
+                named.append(
+                    Named(
+                        rank,
+                        streak.compute / streak.reference - 1,
+                        streak.compute / streak.windows,
+                        streak.reference / streak.windows,
+                        streak.windows,
+                    )
+                )
         return named
 
 
@@ -196,10 +206,21 @@ class StragglerMonitor:
     same number of times), not the recorder's step numbers.
     """
 
-    def __init__(self, settings: Settings, *, rank: int, world_size: int, gather: Callable[[Any], list[Any]],
-                 seconds: Callable[[list[Any]], float], settle: Callable[[], None] = lambda: None,
-                 gather_numbers: Callable[[float | None], list[float | None]] | None = None,
-                 folder: Path | None = None, run: int = 1, group: Any = None, host: str | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        rank: int,
+        world_size: int,
+        gather: Callable[[Any], list[Any]],
+        seconds: Callable[[list[Any]], float],
+        settle: Callable[[], None] = lambda: None,
+        gather_numbers: Callable[[float | None], list[float | None]] | None = None,
+        folder: Path | None = None,
+        run: int = 1,
+        group: Any = None,
+        host: str | None = None,
+    ) -> None:
         assert settings.threshold is not None
         self.window, self.rank, self.world_size, self.run = settings.window, rank, world_size, run
         self.rule = Rule(settings.threshold)
@@ -271,9 +292,14 @@ class StragglerMonitor:
         return max(0.0, wall - comm) / len(walls)
 
     def _judge(self, compute: list[float | None], first: int, last: int, first_window: bool) -> dict[str, Any]:
-        record: dict[str, Any] = {"event": "ranks", "run": self.run, "time": round(time.time(), 3),
-                                  "first_step": first, "last_step": last,
-                                  "compute_ms": [None if c is None else round(c * 1e3, 4) for c in compute]}
+        record: dict[str, Any] = {
+            "event": "ranks",
+            "run": self.run,
+            "time": round(time.time(), 3),
+            "first_step": first,
+            "last_step": last,
+            "compute_ms": [None if c is None else round(c * 1e3, 4) for c in compute],
+        }
         groups = self.groups if any(g is not None for g in self.groups) else None
         if first_window:
             record["hosts"] = self.hosts  # once per run: ranks keep their hosts
@@ -288,12 +314,23 @@ class StragglerMonitor:
 
     def _name(self, named: Named, step: int) -> None:
         host = self.hosts[named.rank] if self.hosts else "?"
-        _log(f"straggler: rank {named.rank} on {host} is {named.slowdown * 100:.0f}% slower than the median "
-             f"(compute {named.compute_s * 1e3:.1f} ms/step vs {named.median_s * 1e3:.1f} ms) for {named.windows} windows")
-        line = {"rank": named.rank, "host": host, "slowdown": round(named.slowdown, 4), "step": step,
-                "windows": named.windows, "run": self.run, "time": round(time.time(), 3),
-                "compute_ms": round(named.compute_s * 1e3, 4), "median_ms": round(named.median_s * 1e3, 4),
-                "window_steps": self.window, "threshold": self.rule.threshold}
+        _log(
+            f"straggler: rank {named.rank} on {host} is {named.slowdown * 100:.0f}% slower than the median "
+            f"(compute {named.compute_s * 1e3:.1f} ms/step vs {named.median_s * 1e3:.1f} ms) for {named.windows} windows"
+        )
+        line = {
+            "rank": named.rank,
+            "host": host,
+            "slowdown": round(named.slowdown, 4),
+            "step": step,
+            "windows": named.windows,
+            "run": self.run,
+            "time": round(time.time(), 3),
+            "compute_ms": round(named.compute_s * 1e3, 4),
+            "median_ms": round(named.median_s * 1e3, 4),
+            "window_steps": self.window,
+            "threshold": self.rule.threshold,
+        }
         self.named.append(line)
         if self.folder is None:
             return
@@ -311,11 +348,19 @@ def _median(values: Sequence[float]) -> float:
     return ranked[mid] if len(ranked) % 2 else (ranked[mid - 1] + ranked[mid]) / 2
 
 
-def monitor(*, rank: int, world_size: int, gather: Callable[[Any], list[Any]], seconds: Callable[[list[Any]], float],
-            settle: Callable[[], None] = lambda: None,
-            gather_numbers: Callable[[float | None], list[float | None]] | None = None,
-            folder: Path | None = None, run: int = 1, group: Any = None,
-            environ: Mapping[str, str] | None = None) -> StragglerMonitor | None:
+def monitor(
+    *,
+    rank: int,
+    world_size: int,
+    gather: Callable[[Any], list[Any]],
+    seconds: Callable[[list[Any]], float],
+    settle: Callable[[], None] = lambda: None,
+    gather_numbers: Callable[[float | None], list[float | None]] | None = None,
+    folder: Path | None = None,
+    run: int = 1,
+    group: Any = None,
+    environ: Mapping[str, str] | None = None,
+) -> StragglerMonitor | None:
     """The monitor for this process; None when off or alone (nobody to compare with).
 
     Every rank reads the same job environment, so every rank decides the same way: a monitor on some
@@ -328,5 +373,15 @@ def monitor(*, rank: int, world_size: int, gather: Callable[[Any], list[Any]], s
             _log(message)
     if found.threshold is None or world_size < 2:
         return None
-    return StragglerMonitor(found, rank=rank, world_size=world_size, gather=gather, seconds=seconds,
-                            settle=settle, gather_numbers=gather_numbers, folder=folder, run=run, group=group)
+    return StragglerMonitor(
+        found,
+        rank=rank,
+        world_size=world_size,
+        gather=gather,
+        seconds=seconds,
+        settle=settle,
+        gather_numbers=gather_numbers,
+        folder=folder,
+        run=run,
+        group=group,
+    )

@@ -41,8 +41,9 @@ def read_suspects(job_folder: Path) -> list[dict[str, Any]]:
     return found
 
 
-def record_suspect(job_folder: Path, node: str, run: int, reason: str, environ: Mapping[str, str],
-                   plugins: Plugins | None = None) -> None:
+def record_suspect(
+    job_folder: Path, node: str, run: int, reason: str, environ: Mapping[str, str], plugins: Plugins | None = None
+) -> None:
     """Name ``node`` for ``run``: the record first (what the next run relies on), then the site's hook."""
     with open(job_folder / contract.SUSPECT_NODES, "a") as out:
         out.write(json.dumps({"node": node, "run": run, "reason": reason, "at": time.time()}) + "\n")
@@ -57,5 +58,8 @@ def _tell_site(site: str, node: str, reason: str, job_id: str | None, job_folder
             plugins = default_plugins()
         plugins.node_suspect(site, node, reason, job_id, job_folder)
     except Exception as exc:  # a site plugin's bug must not change how the job goes on
-        print(f"hpc_train: the site's hpc_train_node_suspect hook failed for {node}: {type(exc).__name__}: {exc}",
-              file=sys.stderr, flush=True)
+        print(
+            f"hpc_train: the site's hpc_train_node_suspect hook failed for {node}: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+            flush=True,
+        )

@@ -59,12 +59,14 @@ class Settings:
         env = os.environ if environ is None else environ
         raw = (env.get(contract.ENV_HANG_TIMEOUT) or "").strip()
         return cls(
-            job_folder=Path(env[contract.ENV_JOB_FOLDER]), heartbeats=Path(env[contract.ENV_HEARTBEATS]),
+            job_folder=Path(env[contract.ENV_JOB_FOLDER]),
+            heartbeats=Path(env[contract.ENV_HEARTBEATS]),
             run=int(env.get(contract.ENV_RUN) or 1),
             world=int(env.get(contract.ENV_NODES) or 1) * int(env.get(contract.ENV_PROCS_PER_NODE) or 1),
             timeout=float(raw) if raw else None,
             stop_file=Path(env[contract.ENV_STOP_FILE]) if env.get(contract.ENV_STOP_FILE) else None,
-            job_id=env.get("SLURM_JOB_ID"))
+            job_id=env.get("SLURM_JOB_ID"),
+        )
 
 
 class StepClock:
@@ -128,8 +130,13 @@ def watch(settings: Settings, step_alive: Any, now: Any = time.time) -> dict[str
         active = max([float(b["at"]) for b in beats.values()] + [started])
         allowed, why = limit(settings, beats, clock)
         if now() - active > allowed:
-            return {"run": settings.run, "quiet_s": round(now() - active, 1), "limit_s": round(allowed, 1),
-                    "limit": why, "beats": beats}
+            return {
+                "run": settings.run,
+                "quiet_s": round(now() - active, 1),
+                "limit_s": round(allowed, 1),
+                "limit": why,
+                "beats": beats,
+            }
     return None
 
 
@@ -162,12 +169,12 @@ def collect_dumps(settings: Settings, beats: dict[int, dict[str, Any]]) -> tuple
     return folder, dumps
 
 
-def read_silent_ranks(settings: Settings, beats: dict[int, dict[str, Any]], dumps: dict[int, str], folder: Path,
-                      culprits: list[Culprit]) -> None:
+def read_silent_ranks(
+    settings: Settings, beats: dict[int, dict[str, Any]], dumps: dict[int, str], folder: Path, culprits: list[Culprit]
+) -> None:
     """Stacks of the ranks that did not answer (stopped, or holding the GIL), read from outside with py-spy;
     they go beside the others' and into the culprits' report, the verdict stays the one the answers gave."""
-    silent = [(rank, beat) for rank, beat in sorted(beats.items())
-              if rank not in dumps and beat.get("pid") and beat.get("host")]
+    silent = [(rank, beat) for rank, beat in sorted(beats.items()) if rank not in dumps and beat.get("pid") and beat.get("host")]
     if len(silent) > OUTSIDE_MAX:
         log(f"hang: {len(silent)} ranks did not answer; reading the stacks of the first {OUTSIDE_MAX} from outside")
     for rank, beat in silent[:OUTSIDE_MAX]:
@@ -176,8 +183,9 @@ def read_silent_ranks(settings: Settings, beats: dict[int, dict[str, Any]], dump
             log(f"hang: no stacks of rank {rank}: {how}")
             continue
         with contextlib.suppress(OSError):
-            (folder / f"rank-{rank}.txt").write_text(f"rank {rank} on {beat['host']} (pid {beat['pid']}), no answer "
-                                                     f"from inside; {how}\n{stacks}")
+            (folder / f"rank-{rank}.txt").write_text(
+                f"rank {rank} on {beat['host']} (pid {beat['pid']}), no answer from inside; {how}\n{stacks}"
+            )
         for culprit in culprits:
             if culprit.rank == rank and not culprit.top:
                 culprit.top = main_stack(stacks)[:3]
@@ -185,9 +193,13 @@ def read_silent_ranks(settings: Settings, beats: dict[int, dict[str, Any]], dump
 
 def report(settings: Settings, hang: dict[str, Any], folder: Path, culprits: list[Culprit]) -> None:
     beats = hang.pop("beats")
-    record = {**hang, "at": time.time(), "dumps": str(folder), "culprits": [c.as_dict() for c in culprits],
-              "ranks": {str(r): {"host": b.get("host"), "steps": b.get("steps"), "at": b.get("at")}
-                        for r, b in sorted(beats.items())}}
+    record = {
+        **hang,
+        "at": time.time(),
+        "dumps": str(folder),
+        "culprits": [c.as_dict() for c in culprits],
+        "ranks": {str(r): {"host": b.get("host"), "steps": b.get("steps"), "at": b.get("at")} for r, b in sorted(beats.items())},
+    }
     _append(settings.job_folder / contract.HANGS, record)
     (settings.job_folder / contract.HANG_RUN).write_text(f"{settings.run}\n")
     hosts = {c.host for c in culprits if c.host != "?"}
@@ -197,8 +209,10 @@ def report(settings: Settings, hang: dict[str, Any], folder: Path, culprits: lis
                 record_suspect(settings.job_folder, host, settings.run, "hang", os.environ)
             except OSError as exc:
                 log(f"could not name {host} a suspect: {exc}")
-    log(f"hang in run {settings.run}: no rank active for {hang['quiet_s']:.0f} s "
-        f"(limit {hang['limit_s']:g} s, {hang['limit']}); stacks in {folder}")
+    log(
+        f"hang in run {settings.run}: no rank active for {hang['quiet_s']:.0f} s "
+        f"(limit {hang['limit_s']:g} s, {hang['limit']}); stacks in {folder}"
+    )
     for c in culprits:
         log(f"hang: rank {c.rank} on {c.host} {c.reason}" + (f"; at {c.top[0]}" if c.top else ""))
     if not culprits:
@@ -217,8 +231,9 @@ def end_step(settings: Settings, step_pid: int) -> None:
     """Kill every srun step of this run (the training processes with them); the batch script goes on."""
     steps = []
     if settings.job_id:
-        out = subprocess.run(["squeue", "-h", "-s", "-j", settings.job_id, "-o", "%i"],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            ["squeue", "-h", "-s", "-j", settings.job_id, "-o", "%i"], capture_output=True, text=True, timeout=60
+        )
         steps = [s for s in out.stdout.split() if s.rpartition(".")[2].isdigit()]
     for step in steps:
         subprocess.run(["scancel", "--signal=KILL", step], capture_output=True, timeout=60)
@@ -240,6 +255,7 @@ def _alive(pid: int) -> Any:
         except ProcessLookupError:
             return False
         return True
+
     return check
 
 

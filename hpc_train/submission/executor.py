@@ -149,14 +149,18 @@ def _make_job_root(plan: JobPlan) -> None:
     try:
         Path(plan.job_root).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UsageError(f"cannot create the job folder root {plan.job_root}: {exc.strerror or exc}",
-                         hint="set job_root in the site file or --job-root to a writable, shared folder") from None
+        raise UsageError(
+            f"cannot create the job folder root {plan.job_root}: {exc.strerror or exc}",
+            hint="set job_root in the site file or --job-root to a writable, shared folder",
+        ) from None
 
 
 def _submit_slurm(plan: JobPlan, render: Callable[[JobPlan], str], fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     for tool in ("sbatch", "srun", "sacct"):
         if shutil.which(tool) is None:
-            raise SchedulerError(tool, f"{tool} not found on PATH", "run this on a login node of the cluster, or load its Slurm module")
+            raise SchedulerError(
+                tool, f"{tool} not found on PATH", "run this on a login node of the cluster, or load its Slurm module"
+            )
 
     def render_with(command: str) -> str:
         return render(dataclasses.replace(plan, function_command=command if plan.kind == "function" else None))

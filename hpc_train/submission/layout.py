@@ -65,8 +65,7 @@ def parse(value: str | dict[str, Any], *, world_size: int | None = None) -> Layo
     sizes: dict[str, int] = {}
     for key, number in items:
         if key not in AXES:
-            raise UsageError(f"parallel layout: unknown axis {key!r} (axes: dp, tp, pp)",
-                             hint=did_you_mean(key, AXES, "axis"))
+            raise UsageError(f"parallel layout: unknown axis {key!r} (axes: dp, tp, pp)", hint=did_you_mean(key, AXES, "axis"))
         if key in sizes:
             raise UsageError(f"parallel layout: axis {key!r} given twice")
         try:
@@ -90,9 +89,15 @@ def canonical(value: str | dict[str, Any]) -> str:
     return ",".join(f"{axis}={getattr(layout, axis)}" for axis in ("dp", "tp", "pp") if axis in given)
 
 
-def problems(value: str | dict[str, Any], *, nodes: int, procs_per_node: int, gpus_per_node: int,
-             backend: str, axes_by_backend: Mapping[str, tuple[str, ...]]
-             ) -> tuple[Layout | None, list[tuple[str, str | None]]]:
+def problems(
+    value: str | dict[str, Any],
+    *,
+    nodes: int,
+    procs_per_node: int,
+    gpus_per_node: int,
+    backend: str,
+    axes_by_backend: Mapping[str, tuple[str, ...]],
+) -> tuple[Layout | None, list[tuple[str, str | None]]]:
     """The resolved layout and everything wrong with it for this job, as (message, hint) pairs.
 
     ``axes_by_backend``: each backend's ``parallel_axes`` (what it declares), for the hints.
@@ -104,22 +109,38 @@ def problems(value: str | dict[str, Any], *, nodes: int, procs_per_node: int, gp
         return None, [(exc.message, exc.hint)]
     found: list[tuple[str, str | None]] = []
     if layout.size != world:
-        found.append((f"{layout} is {layout.size} processes, but the job has {world} "
-                      f"({nodes} node{'s' * (nodes > 1)} x {procs_per_node} per node)",
-                      "make dp x tp x pp equal --nodes x --procs-per-node"))
+        found.append(
+            (
+                f"{layout} is {layout.size} processes, but the job has {world} "
+                f"({nodes} node{'s' * (nodes > 1)} x {procs_per_node} per node)",
+                "make dp x tp x pp equal --nodes x --procs-per-node",
+            )
+        )
     if gpus_per_node > 0 and layout.tp > 1 and procs_per_node % layout.tp != 0:
-        found.append((f"tp={layout.tp} would split tensor-parallel groups across nodes ({procs_per_node} processes "
-                      "per node); on a GPU partition tensor parallel must stay inside a node",
-                      f"use a tp that divides {procs_per_node} and put dp or pp across nodes"))
+        found.append(
+            (
+                f"tp={layout.tp} would split tensor-parallel groups across nodes ({procs_per_node} processes "
+                "per node); on a GPU partition tensor parallel must stay inside a node",
+                f"use a tp that divides {procs_per_node} and put dp or pp across nodes",
+            )
+        )
     axes = axes_by_backend.get(backend, ())
     if not axes:
         able = " or ".join(sorted(name for name, have in axes_by_backend.items() if have))
-        found.append((f"backend {backend!r} takes no parallel layout (it is data parallel over all processes)",
-                      f"drop --parallel, or use --backend {able}" if able else "drop --parallel"))
+        found.append(
+            (
+                f"backend {backend!r} takes no parallel layout (it is data parallel over all processes)",
+                f"drop --parallel, or use --backend {able}" if able else "drop --parallel",
+            )
+        )
         return layout, found
     for axis in ("tp", "pp"):
         if getattr(layout, axis) > 1 and axis not in axes:
             having = sorted(name for name, have in axes_by_backend.items() if axis in have)
-            found.append((f"backend {backend!r} has no {AXIS_NAMES[axis]} ({axis}={getattr(layout, axis)})",
-                          f"use --backend {' or '.join(having)}" if having else None))
+            found.append(
+                (
+                    f"backend {backend!r} has no {AXIS_NAMES[axis]} ({axis}={getattr(layout, axis)})",
+                    f"use --backend {' or '.join(having)}" if having else None,
+                )
+            )
     return layout, found

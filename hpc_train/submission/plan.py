@@ -204,17 +204,36 @@ def build_plan(
     env = _environment(job, site, res, selection, backend, options, info, plugins, layout, names, requeue)
     script_job = kind == "script"
     plan = JobPlan(
-        job=job, site=site, site_path=resolved.path, backend=backend, kind=kind, scheduler=site.scheduler,
-        partition=res.part_name, nodes=job.nodes, procs_per_node=res.procs, tasks_per_node=tasks,
-        gpus_per_node=res.gpus, time_seconds=res.time_seconds, job_name=names.job_name, job_root=names.job_root,
-        python=names.python, workdir=names.workdir,
+        job=job,
+        site=site,
+        site_path=resolved.path,
+        backend=backend,
+        kind=kind,
+        scheduler=site.scheduler,
+        partition=res.part_name,
+        nodes=job.nodes,
+        procs_per_node=res.procs,
+        tasks_per_node=tasks,
+        gpus_per_node=res.gpus,
+        time_seconds=res.time_seconds,
+        job_name=names.job_name,
+        job_root=names.job_root,
+        python=names.python,
+        workdir=names.workdir,
         directives=_directives(job, site, res, tasks, names, requeue, plugins, backend.name),
-        env=sorted(env.values(), key=lambda e: e.name), nccl_profile=selection.label,
-        launch=backend.launch(info) if script_job else [], requeue=requeue.enabled,
-        watchdog=script_job and _watchdog(job, site, requeue), spare_nodes=job.spare_nodes, node_check=node_check,
+        env=sorted(env.values(), key=lambda e: e.name),
+        nccl_profile=selection.label,
+        launch=backend.launch(info) if script_job else [],
+        requeue=requeue.enabled,
+        watchdog=script_job and _watchdog(job, site, requeue),
+        spare_nodes=job.spare_nodes,
+        node_check=node_check,
         max_restarts=job.max_restarts if job.max_restarts is not None else requeue.policy.max_restarts,
-        signal=requeue.policy.signal, signal_grace=requeue.grace, on_failure=job.on_failure or requeue.policy.on_failure,
-        release_held=requeue.policy.release_held, srun_args=backend.srun_args(info) if script_job else [],
+        signal=requeue.policy.signal,
+        signal_grace=requeue.grace,
+        on_failure=job.on_failure or requeue.policy.on_failure,
+        release_held=requeue.policy.release_held,
+        srun_args=backend.srun_args(info) if script_job else [],
         backend_setup=backend.setup(info) if script_job else [],
         backend_cleanup=backend.cleanup(info) if script_job else [],
         warnings=nccl.job_warnings(selection, site, res.part_name, resolved.provenance, problems.site_file),
@@ -227,8 +246,9 @@ def _backend(job: JobSpec, site: SiteConfig, plugins: Plugins, problems: _Proble
     backend_cls = plugins.backend(job.backend)
     for name in site.backends:
         if name not in plugins.backends:
-            problems.add(f"backends.{name}", "no such backend", did_you_mean(name, plugins.backends, "backend"),
-                         problems.site_file)
+            problems.add(
+                f"backends.{name}", "no such backend", did_you_mean(name, plugins.backends, "backend"), problems.site_file
+            )
     options: Any = None
     try:
         options = validate(backend_cls.Options, {**site.backends.get(job.backend, {}), **job.backend_options})
@@ -236,16 +256,22 @@ def _backend(job: JobSpec, site: SiteConfig, plugins: Plugins, problems: _Proble
         problems.extend(problems_from_validation(exc, backend_cls.Options, f"backend {job.backend!r} options", prefix=()))
     if job.comm_hook not in (None, "none") and not backend_cls.supports_comm_hook:
         able = " or ".join(sorted(n for n, c in plugins.backends.items() if c.supports_comm_hook))
-        problems.add("comm_hook", f"backend {job.backend!r} has no DDP communication hooks",
-                     f"use it with --backend {able}" if able else None)
+        problems.add(
+            "comm_hook",
+            f"backend {job.backend!r} has no DDP communication hooks",
+            f"use it with --backend {able}" if able else None,
+        )
     return backend_cls(options if options is not None else defaults(backend_cls.Options)), options
 
 
 def _resources(job: JobSpec, site: SiteConfig, problems: _Problems) -> _Resources:
     part_name, found = site.partition(job.partition)
     if job.partition and site.partitions and found is None:
-        problems.add("partition", f"site {site.name!r} has no partition {job.partition!r}",
-                     did_you_mean(job.partition, site.partitions, "partition"))
+        problems.add(
+            "partition",
+            f"site {site.name!r} has no partition {job.partition!r}",
+            did_you_mean(job.partition, site.partitions, "partition"),
+        )
     part = found or Partition()
     gpus = job.gpus_per_node if job.gpus_per_node is not None else part.gpus_per_node
     if site.partitions and part_name in site.partitions and gpus > part.gpus_per_node:
@@ -259,8 +285,9 @@ def _resources(job: JobSpec, site: SiteConfig, problems: _Problems) -> _Resource
     if time_seconds is not None and part.max_time is not None:
         limit = parse_slurm_time(part.max_time)
         if time_seconds > limit:
-            problems.add("time", f"{format_slurm_time(time_seconds)} exceeds partition {part_name!r}'s limit "
-                         f"{format_slurm_time(limit)}")
+            problems.add(
+                "time", f"{format_slurm_time(time_seconds)} exceeds partition {part_name!r}'s limit {format_slurm_time(limit)}"
+            )
     return _Resources(part_name, part, gpus, job.procs_per_node or (gpus if gpus > 0 else 1), time_seconds)
 
 
@@ -270,21 +297,33 @@ def _check_fit(job: JobSpec, res: _Resources, tasks: int, problems: _Problems) -
     part, name = res.part, res.part_name
     gpus = min(res.gpus, part.gpus_per_node)
     if job.procs_per_node is not None and gpus > 0 and job.procs_per_node > gpus:  # a process per GPU
-        has = f"the job has {gpus} GPUs per node (--gpus-per-node)" if job.gpus_per_node is not None and \
-            gpus < part.gpus_per_node else f"partition {name!r} has {gpus} GPUs per node"
-        problems.add("--procs-per-node", f"{job.procs_per_node} processes per node, but {has}; a job runs one "
-                     "process per GPU", f"use --procs-per-node {gpus}, or leave it out: one per GPU is the default")
+        has = (
+            f"the job has {gpus} GPUs per node (--gpus-per-node)"
+            if job.gpus_per_node is not None and gpus < part.gpus_per_node
+            else f"partition {name!r} has {gpus} GPUs per node"
+        )
+        problems.add(
+            "--procs-per-node",
+            f"{job.procs_per_node} processes per node, but {has}; a job runs one process per GPU",
+            f"use --procs-per-node {gpus}, or leave it out: one per GPU is the default",
+        )
     mem_problem = mem_size_problem(job.mem) if job.mem is not None else None  # a JobSpec made without make_job
     if mem_problem:
         problems.add("--mem", mem_problem)
     elif job.mem is not None and part.mem_per_node and mem_megabytes(job.mem) > mem_megabytes(part.mem_per_node):
-        problems.add("--mem", f"{job.mem} per node, but partition {name!r} has {part.mem_per_node} per node",
-                     f"use --mem {part.mem_per_node} or less, or leave it out for the partition's")
+        problems.add(
+            "--mem",
+            f"{job.mem} per node, but partition {name!r} has {part.mem_per_node} per node",
+            f"use --mem {part.mem_per_node} or less, or leave it out for the partition's",
+        )
     if job.cpus_per_task and part.cpus_per_node and job.cpus_per_task * tasks > part.cpus_per_node:
         fits = part.cpus_per_node // tasks
-        problems.add("--cpus-per-task", f"{job.cpus_per_task} CPUs x {tasks} task(s) per node = "
-                     f"{job.cpus_per_task * tasks}, but partition {name!r} has {part.cpus_per_node} CPUs per node",
-                     f"use --cpus-per-task {fits} or fewer" if fits else "fewer processes per node")
+        problems.add(
+            "--cpus-per-task",
+            f"{job.cpus_per_task} CPUs x {tasks} task(s) per node = "
+            f"{job.cpus_per_task * tasks}, but partition {name!r} has {part.cpus_per_node} CPUs per node",
+            f"use --cpus-per-task {fits} or fewer" if fits else "fewer processes per node",
+        )
 
 
 def _check_sbatch_names(job: JobSpec, problems: _Problems) -> None:
@@ -313,8 +352,15 @@ def _check_user(job: JobSpec, resolved: ResolvedSite, problems: _Problems) -> No
         return
     for key, value in used.items():
         source, line = (JOB, None) if key == "--job-root" else resolved.provenance.get(key, (problems.site_file, None))
-        problems.append(Problem(source, key, f"{value!r} uses $USER, but USER is not set and no user name is known "
-                                "for this account", line, "export USER=$(id -un), or write the path without $USER"))
+        problems.append(
+            Problem(
+                source,
+                key,
+                f"{value!r} uses $USER, but USER is not set and no user name is known for this account",
+                line,
+                "export USER=$(id -un), or write the path without $USER",
+            )
+        )
 
 
 def _check_container(job: JobSpec, site: SiteConfig, problems: _Problems) -> None:
@@ -331,23 +377,31 @@ def _requeue(job: JobSpec, site: SiteConfig, res: _Resources, problems: _Problem
     if job.requeue and site.scheduler != "slurm":
         problems.add("requeue", f"site {site.name!r} runs on this machine; only Slurm sites requeue")
     if enabled and res.time_seconds is not None and grace >= res.time_seconds:
-        problems.add("signal_grace", f"the warning ({grace} s before the limit) must come after the job starts "
-                     f"(time limit {format_slurm_time(res.time_seconds)})")
+        problems.add(
+            "signal_grace",
+            f"the warning ({grace} s before the limit) must come after the job starts "
+            f"(time limit {format_slurm_time(res.time_seconds)})",
+        )
     return _Requeue(enabled, grace, policy)
 
 
-def _check_spares(job: JobSpec, site: SiteConfig, res: _Resources, requeue: _Requeue, kind: str,
-                  problems: _Problems) -> None:
+def _check_spares(job: JobSpec, site: SiteConfig, res: _Resources, requeue: _Requeue, kind: str, problems: _Problems) -> None:
     if not job.spare_nodes:
         return
     if not requeue.enabled or kind != "script":
-        problems.add("spare_nodes", "spare nodes restart a failed run inside the allocation: that needs a script job "
-                     "on a Slurm site with requeue on", "drop --spare-nodes, or add --requeue")
+        problems.add(
+            "spare_nodes",
+            "spare nodes restart a failed run inside the allocation: that needs a script job on a Slurm site with requeue on",
+            "drop --spare-nodes, or add --requeue",
+        )
     total = job.nodes + job.spare_nodes
     if res.part.max_nodes is not None and total > res.part.max_nodes:
-        problems.add("spare_nodes", f"{job.nodes} nodes + {job.spare_nodes} spare = {total}: partition "
-                     f"{res.part_name!r} allows at most {res.part.max_nodes}",
-                     f"use --spare-nodes {max(res.part.max_nodes - job.nodes, 0)} or fewer")
+        problems.add(
+            "spare_nodes",
+            f"{job.nodes} nodes + {job.spare_nodes} spare = {total}: partition "
+            f"{res.part_name!r} allows at most {res.part.max_nodes}",
+            f"use --spare-nodes {max(res.part.max_nodes - job.nodes, 0)} or fewer",
+        )
 
 
 # torch.distributed's flight recorder, read by the hang report (hpc_train.runtime.heartbeat.flight_record): the last
@@ -375,8 +429,12 @@ def _node_check(job: JobSpec, site: SiteConfig, requeue: _Requeue, kind: str, pr
     in_container = job.container if job.container is not None else (site.container.enabled or bool(job.container_image))
     possible = requeue.enabled and kind == "script" and not (in_container and site.container.runtime != "none")
     if job.node_check and not possible:
-        problems.add("node_check", "the node check replaces a failing node by a spare or a requeue: that needs a "
-                     "script job on a Slurm site with requeue on, outside a container", "drop --node-check, or add --requeue")
+        problems.add(
+            "node_check",
+            "the node check replaces a failing node by a spare or a requeue: that needs a "
+            "script job on a Slurm site with requeue on, outside a container",
+            "drop --node-check, or add --requeue",
+        )
     return bool(wanted and possible)
 
 
@@ -399,9 +457,14 @@ def _layout(job: JobSpec, res: _Resources, plugins: Plugins, problems: _Problems
     """The tensor / pipeline parallel layout, checked against what each backend declares it builds."""
     if job.parallel is None:
         return None
-    layout, found = check_layout(job.parallel, nodes=job.nodes, procs_per_node=res.procs, gpus_per_node=res.gpus,
-                                 backend=job.backend,
-                                 axes_by_backend={n: c.parallel_axes for n, c in plugins.backends.items()})
+    layout, found = check_layout(
+        job.parallel,
+        nodes=job.nodes,
+        procs_per_node=res.procs,
+        gpus_per_node=res.gpus,
+        backend=job.backend,
+        axes_by_backend={n: c.parallel_axes for n, c in plugins.backends.items()},
+    )
     for message, hint in found:
         problems.add("parallel", message, hint)
     return layout
@@ -415,19 +478,35 @@ def _names(job: JobSpec, site: SiteConfig, kind: str, function_name: str | None)
             raise ConfigError(Problem(JOB, "script", "a script job needs a training script"))
         script = _expand(job.script, workdir)
     name = job.job_name or (f"hpc_train-{Path(script).stem}" if script else f"hpc_train-{function_name or 'function'}")
-    return _Names(workdir, job.python or site.python or sys.executable, _expand(job.job_root or site.job_root, workdir),
-                  script, name)
+    return _Names(
+        workdir, job.python or site.python or sys.executable, _expand(job.job_root or site.job_root, workdir), script, name
+    )
 
 
-def _launch_info(job: JobSpec, site: SiteConfig, res: _Resources, names: _Names, requeue: _Requeue,
-                 extra_script_args: tuple[Word, ...], layout: Any = None) -> LaunchInfo:
+def _launch_info(
+    job: JobSpec,
+    site: SiteConfig,
+    res: _Resources,
+    names: _Names,
+    requeue: _Requeue,
+    extra_script_args: tuple[Word, ...],
+    layout: Any = None,
+) -> LaunchInfo:
     cpus = job.cpus_per_task or (res.part.cpus_per_node // res.procs if res.part.cpus_per_node else None)
     return LaunchInfo(
-        scheduler=site.scheduler, nodes=job.nodes, procs_per_node=res.procs, gpus_per_node=res.gpus,
-        python=names.python, script=names.script,
+        scheduler=site.scheduler,
+        nodes=job.nodes,
+        procs_per_node=res.procs,
+        gpus_per_node=res.gpus,
+        python=names.python,
+        script=names.script,
         script_args=(*job.script_args, *extra_script_args),  # extra: a sweep task's overrides (Raw)
-        master_port_base=site.master_port, job_root=names.job_root, cpus_per_proc=cpus, precision=job.precision,
-        grad_accum=job.grad_accum, grad_clip=job.grad_clip,
+        master_port_base=site.master_port,
+        job_root=names.job_root,
+        cpus_per_proc=cpus,
+        precision=job.precision,
+        grad_accum=job.grad_accum,
+        grad_clip=job.grad_clip,
         stop_signal=requeue.policy.signal if requeue.enabled else None,
         # what the job's processes will see that a backend may decide with: the folder the script runs in
         # (relative paths among its arguments) and the layout (data-parallel size = world / (tp x pp))
@@ -435,8 +514,19 @@ def _launch_info(job: JobSpec, site: SiteConfig, res: _Resources, names: _Names,
     )
 
 
-def _environment(job: JobSpec, site: SiteConfig, res: _Resources, selection: Any, backend: Backend, options: Any,
-                 info: LaunchInfo, plugins: Plugins, layout: Any, names: _Names, requeue: _Requeue) -> dict[str, EnvVar]:
+def _environment(
+    job: JobSpec,
+    site: SiteConfig,
+    res: _Resources,
+    selection: Any,
+    backend: Backend,
+    options: Any,
+    info: LaunchInfo,
+    plugins: Plugins,
+    layout: Any,
+    names: _Names,
+    requeue: _Requeue,
+) -> dict[str, EnvVar]:
     """Every exported variable, lowest precedence first: site < partition < nccl profile < backend < plugins < job."""
     env: dict[str, EnvVar] = {}
 
@@ -449,8 +539,7 @@ def _environment(job: JobSpec, site: SiteConfig, res: _Resources, selection: Any
     put(res.part.env, f"partition {res.part_name}")
     for var_name, var_value, var_source in selection.variables:
         put({var_name: var_value}, var_source)
-    put({contract.storage_dir_env(key): _expand(value, names.workdir) for key, value in site.storage.items()},
-        "site storage")
+    put({contract.storage_dir_env(key): _expand(value, names.workdir) for key, value in site.storage.items()}, "site storage")
     put(backend.env(info), f"backend {backend.name}")
     put(plugins.job_env(job, site, backend.name), "plugins")
     if options is not None and field_names(type(backend).Options):
@@ -459,20 +548,31 @@ def _environment(job: JobSpec, site: SiteConfig, res: _Resources, selection: Any
     if layout is not None:
         put({LAYOUT_ENV: str(layout)}, "job")  # the runtime builds its device mesh from this
     put(dict(job.env), "job")
-    put({
-        contract.ENV_SITE: site.name,
-        contract.ENV_BACKEND: backend.name,
-        contract.ENV_NODES: str(job.nodes),
-        contract.ENV_PROCS_PER_NODE: str(res.procs),
-        contract.ENV_JOB_ROOT: names.job_root,
-        **({contract.ENV_STOP_SIGNAL: requeue.policy.signal} if requeue.enabled else {}),  # the ranks save and stop on it
-        **_health_env(job, site, requeue),
-    }, "hpc_train")
+    put(
+        {
+            contract.ENV_SITE: site.name,
+            contract.ENV_BACKEND: backend.name,
+            contract.ENV_NODES: str(job.nodes),
+            contract.ENV_PROCS_PER_NODE: str(res.procs),
+            contract.ENV_JOB_ROOT: names.job_root,
+            **({contract.ENV_STOP_SIGNAL: requeue.policy.signal} if requeue.enabled else {}),  # the ranks save and stop on it
+            **_health_env(job, site, requeue),
+        },
+        "hpc_train",
+    )
     return env
 
 
-def _directives(job: JobSpec, site: SiteConfig, res: _Resources, tasks: int, names: _Names, requeue: _Requeue,
-                plugins: Plugins, backend_name: str) -> list[tuple[str, Any]]:
+def _directives(
+    job: JobSpec,
+    site: SiteConfig,
+    res: _Resources,
+    tasks: int,
+    names: _Names,
+    requeue: _Requeue,
+    plugins: Plugins,
+    backend_name: str,
+) -> list[tuple[str, Any]]:
     """The #SBATCH options, sorted: ours, then the site's, the partition's, the plugins' and the job's own."""
     if site.scheduler != "slurm":
         return []

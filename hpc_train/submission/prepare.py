@@ -25,8 +25,12 @@ JOB_SOURCE = "job options"
 LOCAL = "local"  # the core's answer when no plugin detects a site (hpc_train.plugin.manager._Defaults)
 DEFAULTS_PLUGIN = "hpc_train.defaults"  # the name the core registers that fallback under
 # where a Slurm client finds its configuration (the usual install prefixes, and configless slurmd's cache)
-SLURM_CONF_FILES = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/usr/local/etc/slurm.conf",
-                    "/run/slurm/conf/slurm.conf")
+SLURM_CONF_FILES = (
+    "/etc/slurm/slurm.conf",
+    "/etc/slurm-llnl/slurm.conf",
+    "/usr/local/etc/slurm.conf",
+    "/run/slurm/conf/slurm.conf",
+)
 
 
 def make_job(**options: Any) -> JobSpec:
@@ -36,7 +40,13 @@ def make_job(**options: Any) -> JobSpec:
     except ValidationError as exc:
         problems = problems_from_validation(exc, JobSpec, JOB_SOURCE)
         renamed = [
-            Problem(p.source, "--" + p.key.split(".")[0].replace("_", "-") + (("." + p.key.split(".", 1)[1]) if "." in p.key else ""), p.message, p.line, p.hint)
+            Problem(
+                p.source,
+                "--" + p.key.split(".")[0].replace("_", "-") + (("." + p.key.split(".", 1)[1]) if "." in p.key else ""),
+                p.message,
+                p.line,
+                p.hint,
+            )
             for p in problems
         ]
         raise ConfigError(renamed) from None
@@ -80,8 +90,11 @@ def resolve_site(name: str | None, plugins: Plugins) -> ResolvedSite:
     return site_registry(plugins).load(choose_site(name, plugins).name)  # a site from a plugin that failed to load is an error
 
 
-def slurm_here(environ: Mapping[str, str] = os.environ, exists: Callable[[str], bool] = os.path.isfile,
-               ping: Callable[[], bool] | None = None) -> str | None:
+def slurm_here(
+    environ: Mapping[str, str] = os.environ,
+    exists: Callable[[str], bool] = os.path.isfile,
+    ping: Callable[[], bool] | None = None,
+) -> str | None:
     """Why this machine looks like a node of a Slurm cluster, or None.
 
     A Slurm configuration file (SLURM_CONF or the usual places) is a stat away and is what every
@@ -116,16 +129,22 @@ def site_for(job: JobSpec, plugins: Plugins, *, training: bool = False) -> Resol
     choice = choose_site(job.site, plugins)
     evidence = slurm_here() if choice.why == "fallback" and choice.name == LOCAL else None
     if evidence and training:
-        raise UsageError(f"no --site given and no site detected for host {choice.host}: the job would train on "
-                         f"this machine (site local), but this is a Slurm node ({evidence})",
-                         hint="say --site NAME for the cluster (`python -m hpc_train sites` lists them), "
-                              "or --site local to train on this machine anyway")
+        raise UsageError(
+            f"no --site given and no site detected for host {choice.host}: the job would train on "
+            f"this machine (site local), but this is a Slurm node ({evidence})",
+            hint="say --site NAME for the cluster (`python -m hpc_train sites` lists them), "
+            "or --site local to train on this machine anyway",
+        )
     note = choice.note()
     if note:
         print(note, file=sys.stderr)
     if evidence:
-        warnings.warn(f"site local runs the job on this machine, a Slurm node ({evidence}); submit refuses it "
-                      "without --site local: say --site NAME for the cluster", ConfigWarning, stacklevel=2)
+        warnings.warn(
+            f"site local runs the job on this machine, a Slurm node ({evidence}); submit refuses it "
+            "without --site local: say --site NAME for the cluster",
+            ConfigWarning,
+            stacklevel=2,
+        )
     return site_registry(plugins).load(choice.name)
 
 
@@ -135,8 +154,11 @@ def check_script(job: JobSpec) -> None:
         raise ConfigError(Problem(JOB_SOURCE, "script", "no training script given"))
     script = Path(job.workdir or ".") / os.path.expanduser(job.script)
     if not script.is_file():
-        raise ConfigError(Problem(JOB_SOURCE, "script", f"training script {job.script!r} not found",
-                                  hint=f"looked in {script.parent.resolve()}"))
+        raise ConfigError(
+            Problem(
+                JOB_SOURCE, "script", f"training script {job.script!r} not found", hint=f"looked in {script.parent.resolve()}"
+            )
+        )
 
 
 def warn_about(plan: JobPlan) -> None:
@@ -171,11 +193,13 @@ def _load_template(plan: JobPlan, resolved: ResolvedSite, plugins: Plugins) -> N
         environment(dirs).get_template(plan.site.template)
     except jinja2.TemplateNotFound as exc:
         searched = ", ".join([*dirs, "the built-in templates"])
-        raise TemplateError(Problem(source, "template", f"template {exc.name!r} not found", line,
-                                    f"searched {searched}")) from None
+        raise TemplateError(
+            Problem(source, "template", f"template {exc.name!r} not found", line, f"searched {searched}")
+        ) from None
     except jinja2.TemplateSyntaxError as exc:
-        raise TemplateError(Problem(exc.filename or exc.name or plan.site.template, "",
-                                    f"template syntax error: {exc.message}", exc.lineno)) from None
+        raise TemplateError(
+            Problem(exc.filename or exc.name or plan.site.template, "", f"template syntax error: {exc.message}", exc.lineno)
+        ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise TemplateError(Problem(source, "template", f"cannot read template {plan.site.template!r}: {exc}", line)) from None
 

@@ -24,11 +24,13 @@ from hpc_train.submission.shell import join, join_lines, quote, sbatch_line
 @functools.cache
 def environment(template_dirs: tuple[str, ...] = ()) -> jinja2.Environment:
     builtin = jinja2.FileSystemLoader(str(builtin_dir("templates")))
-    loader = jinja2.ChoiceLoader([
-        *(jinja2.FileSystemLoader(d) for d in template_dirs),
-        jinja2.PrefixLoader({"default": builtin}, delimiter=":"),
-        builtin,
-    ])
+    loader = jinja2.ChoiceLoader(
+        [
+            *(jinja2.FileSystemLoader(d) for d in template_dirs),
+            jinja2.PrefixLoader({"default": builtin}, delimiter=":"),
+            builtin,
+        ]
+    )
     env = jinja2.Environment(
         loader=loader,
         bytecode_cache=_bytecode_cache(),
@@ -68,8 +70,11 @@ def context(plan: JobPlan) -> dict[str, object]:
             f"--error={plan.stderr_pattern}",
             # with spare nodes the allocation is larger than the step: the script picks the healthy ones
             # (and the step's task count: the batch shell's SLURM_NTASKS counts the spares' tasks too)
-            *([f"--ntasks={plan.nodes * plan.tasks_per_node}", Raw('--nodelist="${HPC_TRAIN_STEP_NODES}"')]
-              if plan.spare_nodes else []),
+            *(
+                [f"--ntasks={plan.nodes * plan.tasks_per_node}", Raw('--nodelist="${HPC_TRAIN_STEP_NODES}"')]
+                if plan.spare_nodes
+                else []
+            ),
             *plan.srun_args,
         ]
     return {
@@ -119,6 +124,8 @@ def render(plan: JobPlan, plugin_template_dirs: Sequence[Path] = ()) -> str:
         raise TemplateError(Problem(source, "", f"template syntax error: {exc.message}", exc.lineno)) from None
     except jinja2.TemplateNotFound as exc:
         searched = ", ".join(dirs + (str(builtin_dir("templates")),))
-        raise TemplateError(Problem(f"site {plan.site.name}", "template", f"template {exc.name!r} not found (searched {searched})")) from None
+        raise TemplateError(
+            Problem(f"site {plan.site.name}", "template", f"template {exc.name!r} not found (searched {searched})")
+        ) from None
     except jinja2.UndefinedError as exc:
         raise TemplateError(Problem(name, "", f"template uses an undefined value: {exc.message}")) from None

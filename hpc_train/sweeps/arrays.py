@@ -56,8 +56,10 @@ def _text(value: Any, where: str) -> str:
 
 def _check_key(key: Any, where: str) -> str:
     if not isinstance(key, str) or not KEY.match(key):
-        raise UsageError(f"{where}: {key!r} is not a usable override name",
-                         hint="names start with a letter or _ and hold letters, digits, _ . - (it becomes --NAME and an env var)")
+        raise UsageError(
+            f"{where}: {key!r} is not a usable override name",
+            hint="names start with a letter or _ and hold letters, digits, _ . - (it becomes --NAME and an env var)",
+        )
     return key
 
 
@@ -74,8 +76,10 @@ def expand(over: Mapping[str, Iterable[Any]] | Sequence[Mapping[str, Any]]) -> l
         for key in keys:
             values = over[key]
             if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
-                raise UsageError(f"over[{key!r}]: expected a list of values, got {values!r}",
-                                 hint=f"over={{{key!r}: [{values!r}]}} for a single value")
+                raise UsageError(
+                    f"over[{key!r}]: expected a list of values, got {values!r}",
+                    hint=f"over={{{key!r}: [{values!r}]}} for a single value",
+                )
             values = [_text(v, f"over[{key!r}]") for v in values]
             if not values:
                 raise UsageError(f"over[{key!r}] is empty: a grid with an empty axis has no tasks")
@@ -141,7 +145,7 @@ def max_array_size(slurm_conf: str | None = None) -> int:
 
 
 def split(tasks: Sequence[int], size: int) -> list[list[int]]:
-    return [list(tasks[i:i + size]) for i in range(0, len(tasks), size)]
+    return [list(tasks[i : i + size]) for i in range(0, len(tasks), size)]
 
 
 # -- one array's script ----------------------------------------------------------------------
@@ -169,8 +173,7 @@ class ArrayPart:
             args = [word for key, value in values.items() for word in (f"--{key}", value)]
             env = [f"{env_name(k)}={quote(v)}" for k, v in values.items()]
             env.append(f"{contract.ENV_SWEEP_OVERRIDES}={quote(json.dumps(values, sort_keys=False))}")
-            lines.append(f"    {index}) {task_var}={task}; hpc_train_sweep_args=({join(args)}); "
-                         f"export {' '.join(env)} ;;")
+            lines.append(f"    {index}) {task_var}={task}; hpc_train_sweep_args=({join(args)}); export {' '.join(env)} ;;")
         lines += [
             '    *) echo "hpc_train: array index ${SLURM_ARRAY_TASK_ID} is not part of this sweep" >&2; exit 1 ;;',
             "esac",
@@ -216,13 +219,17 @@ def sweep_plan(job: JobSpec, plugins: Plugins) -> JobPlan:
     resolved = site_for(job, plugins, training=True)
     check_script(job)
     if "array" in job.sbatch:
-        raise UsageError("--sbatch array=... conflicts with the sweep, which sets the array itself",
-                         hint="use --max-concurrent N for a concurrency limit")
+        raise UsageError(
+            "--sbatch array=... conflicts with the sweep, which sets the array itself",
+            hint="use --max-concurrent N for a concurrency limit",
+        )
     plan = checked_plan(job, resolved, plugins, extra_script_args=(ARGS_WORD,))
     warn_about(plan)
     if plan.scheduler != "slurm":
-        raise UsageError(f"site {plan.site.name!r} runs jobs on this machine; sweeps are Slurm job arrays",
-                         hint="submit the sweep to a Slurm site (--site NAME)")
+        raise UsageError(
+            f"site {plan.site.name!r} runs jobs on this machine; sweeps are Slurm job arrays",
+            hint="submit the sweep to a Slurm site (--site NAME)",
+        )
     return plan
 
 
@@ -256,8 +263,9 @@ def submit_arrays(
     for chunk in split(list(tasks), max_array_size(slurm_conf)):
         part = ArrayPart(str(folder), chunk, overrides)
         # a copy per array: each array's dependency names only the array before it
-        text = render(dataclasses.replace(plan, sweep=part,
-                                          directives=array_directives(plan, part, limit, previous if limit else None)))
+        text = render(
+            dataclasses.replace(plan, sweep=part, directives=array_directives(plan, part, limit, previous if limit else None))
+        )
         executor = TemplateSlurmExecutor(str(folder / "slurm"), functools.partial(_fixed_text, text), python=plan.python)
         try:
             job = submit_script(executor, slurm_conf)

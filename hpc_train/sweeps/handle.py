@@ -68,8 +68,10 @@ class SweepRecord:
     def load(cls, sweep_id: str) -> SweepRecord:
         path = cls.path_for(str(sweep_id))
         if not cls.exists(sweep_id):
-            raise UsageError(f"no sweep {sweep_id!r} submitted through hpc_train on this machine",
-                             hint=f"sweep records live in {path.parent}; a sweep's id is its first array's job id")
+            raise UsageError(
+                f"no sweep {sweep_id!r} submitted through hpc_train on this machine",
+                hint=f"sweep records live in {path.parent}; a sweep's id is its first array's job id",
+            )
         data = json.loads(path.read_text())
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
@@ -230,8 +232,9 @@ class SweepHandle:
     def _confirm_in(self) -> float | None:
         """Seconds until the soonest ended-looking task could be believed; None when none waits."""
         now = time.monotonic()
-        waits = [w for t, rule in self._end_rules.items() if t not in self._final
-                 for w in (rule.confirm_in(now),) if w is not None]
+        waits = [
+            w for t, rule in self._end_rules.items() if t not in self._final for w in (rule.confirm_in(now),) if w is not None
+        ]
         return min(waits) if waits else None
 
     def _release_held(self, now: float) -> None:
@@ -275,8 +278,9 @@ class SweepHandle:
                 self.poll()
         if confirm:
             return sorted(t for t, state in self._final.items() if state not in FINAL_OK)
-        return sorted(t for t, state in self.states().items() if state not in ACTIVE_STATES
-                      and state not in FINAL_OK and state != "UNKNOWN")
+        return sorted(
+            t for t, state in self.states().items() if state not in ACTIVE_STATES and state not in FINAL_OK and state != "UNKNOWN"
+        )
 
     def wait(self, poll_s: float = 1.0, max_poll_s: float = 30.0, timeout_s: float | None = None) -> dict[str, int]:
         """Block until every task has ended; return the counts per state. The wait between polls
@@ -316,8 +320,9 @@ class SweepHandle:
 
         chosen = sorted(set(tasks)) if tasks is not None else self.failed()
         if not chosen:
-            raise UsageError(f"sweep {self.sweep_id} has no failed tasks to resubmit",
-                             hint=f"its tasks: {self.counts(poll=False)}")
+            raise UsageError(
+                f"sweep {self.sweep_id} has no failed tasks to resubmit", hint=f"its tasks: {self.counts(poll=False)}"
+            )
         bad = [t for t in chosen if not 0 <= t < len(self)]
         if bad:
             raise UsageError(f"sweep {self.sweep_id} has tasks 0..{len(self) - 1}; no task {bad[0]}")
@@ -327,8 +332,9 @@ class SweepHandle:
         for task in chosen:  # a new attempt gets a fresh restart budget, and no word from the old one's runs
             for name in (RUNS_FILE, LAST_RUN_FILE):
                 (self.task_folder(task) / name).unlink(missing_ok=True)
-        arrays = submit_arrays(plan, lambda p: render_plan(p, plugins), self.folder, self.record.overrides, chosen,
-                               self.record.max_concurrent)
+        arrays = submit_arrays(
+            plan, lambda p: render_plan(p, plugins), self.folder, self.record.overrides, chosen, self.record.max_concurrent
+        )
         self.record.arrays += arrays
         self.record.save()
         for task in chosen:

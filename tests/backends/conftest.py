@@ -11,8 +11,16 @@ import pytest
 
 from hpc_train import contract
 
-TORCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-             contract.ENV_LAUNCHER)
+TORCH_ENV = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    contract.ENV_LAUNCHER,
+)
 
 
 @pytest.fixture(autouse=True)

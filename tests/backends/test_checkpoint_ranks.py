@@ -53,8 +53,20 @@ def free_port() -> int:
 
 def launch(backend: str, script: str, folder: str) -> list[str]:
     if backend == "torchrun":
-        return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-                "--master-port", str(free_port()), script, folder, backend]
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+            script,
+            folder,
+            backend,
+        ]
     return ["mpirun", "--oversubscribe", "-np", "2", sys.executable, script, folder, backend]
 
 
@@ -63,8 +75,9 @@ def test_flags_agree_in_one_collective_and_ranks_restore_the_same_step(tmp_path,
     script = tmp_path / "ranks.py"
     script.write_text(SCRIPT)
     env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(launch(backend, str(script), str(tmp_path)), cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=240)
+    out = subprocess.run(
+        launch(backend, str(script), str(tmp_path)), cwd=REPO, env=env, capture_output=True, text=True, timeout=240
+    )
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert [r["flags"] for r in results] == [[True, False, True, True]] * 2
@@ -105,10 +118,16 @@ ctx.shutdown()
 def test_files_an_engine_writes_are_digested_and_checked(tmp_path):
     script = tmp_path / "sharded.py"
     script.write_text(SHARDED)
-    env = {**os.environ, "HPC_TRAIN_PARALLEL": "dp=1,tp=1,pp=1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, str(script), str(tmp_path)], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=240)
+    env = {
+        **os.environ,
+        "HPC_TRAIN_PARALLEL": "dp=1,tp=1,pp=1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "OMP_NUM_THREADS": "1",
+    }
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=240
+    )
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["step"] == 10

@@ -69,13 +69,25 @@ def run_local(tmp_path: Path, script_text: str, *script_args: str, extensions: P
     script.write_text(script_text)
     out = tmp_path / "out"
     out.mkdir()
-    text = hpc_train.render(script, *[a.replace("{out}", str(out)) for a in script_args], site="local",
-                            backend="deepspeed", procs_per_node=2, python=sys.executable, workdir=str(tmp_path),
-                            job_root=str(tmp_path / "jobs"))
+    text = hpc_train.render(
+        script,
+        *[a.replace("{out}", str(out)) for a in script_args],
+        site="local",
+        backend="deepspeed",
+        procs_per_node=2,
+        python=sys.executable,
+        workdir=str(tmp_path),
+        job_root=str(tmp_path / "jobs"),
+    )
     batch = tmp_path / "job.sh"
     batch.write_text(text)
-    env = {**os.environ, "HPC_TRAIN_JOB_FOLDER": str(tmp_path / "job"), "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(REPO), **({"TORCH_EXTENSIONS_DIR": str(extensions)} if extensions else {})}
+    env = {
+        **os.environ,
+        "HPC_TRAIN_JOB_FOLDER": str(tmp_path / "job"),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(REPO),
+        **({"TORCH_EXTENSIONS_DIR": str(extensions)} if extensions else {}),
+    }
     done = subprocess.run(["bash", str(batch)], env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return text, out
@@ -83,11 +95,13 @@ def run_local(tmp_path: Path, script_text: str, *script_args: str, extensions: P
 
 @pytest.mark.slow  # DeepSpeed's start-up, and the first time its CPU all-reduce op is compiled
 def test_runtime_script_reads_exactly_its_arguments_and_trains(tmp_path, extensions):
-    (tmp_path / "ds.json").write_text(json.dumps({"train_batch_size": 8, "gradient_accumulation_steps": 2,
-                                                  "zero_optimization": {"stage": 1}}))
+    (tmp_path / "ds.json").write_text(
+        json.dumps({"train_batch_size": 8, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 1}})
+    )
     # a user's own --local_rank=0 (after the positionals) is theirs and stays
-    text, out = run_local(tmp_path, RUNTIME_SCRIPT, "2", "{out}", "--local_rank=0", "--deepspeed", "ds.json",
-                          extensions=extensions)
+    text, out = run_local(
+        tmp_path, RUNTIME_SCRIPT, "2", "{out}", "--local_rank=0", "--deepspeed", "ds.json", extensions=extensions
+    )
     assert "--local-rank-arg" in text  # the launch still adds it, for scripts written for DeepSpeed's launcher
     assert '# ds_config: yours, "' + str(tmp_path / "ds.json") + '" (named by --deepspeed' in text
     merged = str(tmp_path / "job" / "ds_config.json")

@@ -43,8 +43,15 @@ def _worker(rank: int, port: int, folder: str) -> None:
 
     from hpc_train.runtime.base import AllReduceRuntime
 
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(WORLD),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(WORLD),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+    )
     weights = {cls.name: _train(cls, rank) for cls in (TorchrunRuntime, AllReduceRuntime)}
     Path(folder, f"rank{rank}.json").write_text(json.dumps(weights))
     torch.distributed.destroy_process_group()

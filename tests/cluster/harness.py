@@ -9,6 +9,7 @@ Standard library only. Typical use::
 
 The sandbox needs root and the Debian packages from tests/cluster/install-deps.sh.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,15 +26,28 @@ DEFAULT_SANDBOX_DIR = "/tmp/hpc_train-sandbox"
 
 #: binaries the sandbox cannot work without (see install-deps.sh)
 REQUIRED_BINARIES = (
-    "slurmctld", "slurmd", "slurmdbd", "munged", "munge", "sinfo", "scontrol", "squeue",
-    "sbatch", "srun", "scancel", "sacct", "sacctmgr", "mariadbd", "mariadb-install-db",
-    "ip", "nsenter", "unshare", "mknod",
+    "slurmctld",
+    "slurmd",
+    "slurmdbd",
+    "munged",
+    "munge",
+    "sinfo",
+    "scontrol",
+    "squeue",
+    "sbatch",
+    "srun",
+    "scancel",
+    "sacct",
+    "sacctmgr",
+    "mariadbd",
+    "mariadb-install-db",
+    "ip",
+    "nsenter",
+    "unshare",
+    "mknod",
 )
 
-INSTALL_HINT = (
-    "the Slurm sandbox needs root and Debian packages; install them with: "
-    f"sudo bash {INSTALL_DEPS_SH}"
-)
+INSTALL_HINT = f"the Slurm sandbox needs root and Debian packages; install them with: sudo bash {INSTALL_DEPS_SH}"
 
 
 def _tail(text: str | None, lines: int = 40) -> str:
@@ -53,10 +67,13 @@ def missing_binaries() -> list:
 class SandboxCluster:
     """Drives sandbox.sh; one instance per sandbox directory."""
 
-    def __init__(self, sandbox_dir: str | os.PathLike | None = None,
-                 script: str | os.PathLike | None = None,
-                 extra_env: Mapping[str, str] | None = None,
-                 timeout: float = 300.0):
+    def __init__(
+        self,
+        sandbox_dir: str | os.PathLike | None = None,
+        script: str | os.PathLike | None = None,
+        extra_env: Mapping[str, str] | None = None,
+        timeout: float = 300.0,
+    ):
         if sandbox_dir is None:
             sandbox_dir = os.environ.get("HPC_TRAIN_SANDBOX_DIR", DEFAULT_SANDBOX_DIR)
         self.sandbox_dir = Path(sandbox_dir)
@@ -86,23 +103,28 @@ class SandboxCluster:
         env["PATH"] = env.get("PATH", "") + ":/usr/local/sbin:/usr/sbin:/sbin"
         return env
 
-    def _sandbox(self, action: str, timeout: float | None = None,
-                 check: bool = True) -> subprocess.CompletedProcess:
+    def _sandbox(self, action: str, timeout: float | None = None, check: bool = True) -> subprocess.CompletedProcess:
         cmd = ["bash", str(self.script), action]
         try:
-            proc = subprocess.run(cmd, env=self._script_env(), stdin=subprocess.DEVNULL,
-                                  capture_output=True, text=True,
-                                  timeout=timeout or self.timeout)
+            proc = subprocess.run(
+                cmd,
+                env=self._script_env(),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=timeout or self.timeout,
+            )
         except subprocess.TimeoutExpired as exc:
             err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
             raise RuntimeError(
-                f"sandbox.sh {action} timed out after {exc.timeout}s\n"
-                f"--- stderr (tail) ---\n{_tail(err)}\n(logs: {self.log_dir})") from None
+                f"sandbox.sh {action} timed out after {exc.timeout}s\n--- stderr (tail) ---\n{_tail(err)}\n(logs: {self.log_dir})"
+            ) from None
         if check and proc.returncode != 0:
             raise RuntimeError(
                 f"sandbox.sh {action} failed with exit code {proc.returncode}\n"
                 f"--- stderr (tail) ---\n{_tail(proc.stderr)}\n"
-                f"--- stdout (tail) ---\n{_tail(proc.stdout, 10)}\n(logs: {self.log_dir})")
+                f"--- stdout (tail) ---\n{_tail(proc.stdout, 10)}\n(logs: {self.log_dir})"
+            )
         return proc
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -115,8 +137,9 @@ class SandboxCluster:
         want = f"export SLURM_CONF={self.slurm_conf}"
         last = proc.stdout.strip().splitlines()[-1:] or [""]
         if last[0] != want:
-            raise RuntimeError(f"sandbox.sh up printed {last[0]!r}, expected {want!r}\n"
-                               f"--- stderr (tail) ---\n{_tail(proc.stderr)}")
+            raise RuntimeError(
+                f"sandbox.sh up printed {last[0]!r}, expected {want!r}\n--- stderr (tail) ---\n{_tail(proc.stderr)}"
+            )
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         return self.env()
 
@@ -143,9 +166,14 @@ class SandboxCluster:
         return {"SLURM_CONF": self.slurm_conf}
 
     # -- commands against the cluster ----------------------------------------------------
-    def run(self, cmd: str | Sequence[str], check: bool = True,
-            timeout: float | None = 120.0, env: Mapping[str, str] | None = None,
-            cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
+    def run(
+        self,
+        cmd: str | Sequence[str],
+        check: bool = True,
+        timeout: float | None = 120.0,
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike | None = None,
+    ) -> subprocess.CompletedProcess:
         """Run a command (a shell string, or an argv list) with SLURM_CONF set.
 
         Returns the CompletedProcess (text stdout/stderr). With check=True a non-zero exit
@@ -158,16 +186,24 @@ class SandboxCluster:
         shell = isinstance(cmd, str)
         shown = cmd if shell else " ".join(shlex.quote(str(c)) for c in cmd)
         try:
-            proc = subprocess.run(cmd if shell else [str(c) for c in cmd], shell=shell,
-                                  env=full_env, cwd=cwd, stdin=subprocess.DEVNULL,
-                                  capture_output=True, text=True, timeout=timeout)
+            proc = subprocess.run(
+                cmd if shell else [str(c) for c in cmd],
+                shell=shell,
+                env=full_env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"command timed out after {timeout}s: {shown}") from None
         if check and proc.returncode != 0:
             raise RuntimeError(
                 f"command failed with exit code {proc.returncode}: {shown}\n"
                 f"--- stderr (tail) ---\n{_tail(proc.stderr)}\n"
-                f"--- stdout (tail) ---\n{_tail(proc.stdout, 10)}")
+                f"--- stdout (tail) ---\n{_tail(proc.stdout, 10)}"
+            )
         return proc
 
     def __repr__(self) -> str:

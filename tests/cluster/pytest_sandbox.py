@@ -13,6 +13,7 @@ Environment:
 Missing Slurm binaries or a non-root user make the fixture FAIL (never skip): these tests are
 the point of the harness, and a silent skip in CI would hide a broken setup.
 """
+
 from __future__ import annotations
 
 import os
@@ -54,12 +55,14 @@ def _acquire() -> harness.SandboxCluster:
         _STATE["users"] += 1
         return _STATE["cluster"]
     if os.geteuid() != 0:
-        pytest.fail("the Slurm sandbox must run as root (it creates network namespaces and "
-                    "starts slurmd/slurmctld); " + harness.INSTALL_HINT, pytrace=False)
+        pytest.fail(
+            "the Slurm sandbox must run as root (it creates network namespaces and "
+            "starts slurmd/slurmctld); " + harness.INSTALL_HINT,
+            pytrace=False,
+        )
     missing = harness.missing_binaries()
     if missing:
-        pytest.fail(f"Slurm sandbox binaries missing: {', '.join(missing)}; "
-                    + harness.INSTALL_HINT, pytrace=False)
+        pytest.fail(f"Slurm sandbox binaries missing: {', '.join(missing)}; " + harness.INSTALL_HINT, pytrace=False)
     cluster = SandboxCluster()
     keep = _keep()
     if not (keep and cluster.is_up()):

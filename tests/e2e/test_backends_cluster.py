@@ -16,9 +16,28 @@ EXAMPLES = REPO / "examples"
 
 
 def run_job(job_root: Path, *args: str) -> tuple[str, list[dict]]:
-    out = subprocess.run([sys.executable, "-m", "hpc_train", "submit", "--site", "sandbox", "--job-root", str(job_root),
-                          "--nodes", "2", "--procs-per-node", "2", "--wait", *args],
-                         capture_output=True, text=True, cwd=REPO, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpc_train",
+            "submit",
+            "--site",
+            "sandbox",
+            "--job-root",
+            str(job_root),
+            "--nodes",
+            "2",
+            "--procs-per-node",
+            "2",
+            "--wait",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     job_id = out.stdout.split()[2]
     reports = [json.loads(p.read_text()) for p in sorted((job_root / job_id).glob("rank*.json"))]
@@ -45,14 +64,37 @@ def test_same_script_trains_under_every_backend(slurm_cluster, sandbox_job_root,
 
 
 def test_training_options_from_the_job(slurm_cluster, sandbox_job_root):
-    _, reports = run_job(sandbox_job_root, "--backend", "torchrun", "--precision", "bf16", "--grad-accum", "2",
-                         "--grad-clip", "5.0", "--comm-hook", "fp16", str(EXAMPLES / "train.py"), "--", "--steps", "60")
+    _, reports = run_job(
+        sandbox_job_root,
+        "--backend",
+        "torchrun",
+        "--precision",
+        "bf16",
+        "--grad-accum",
+        "2",
+        "--grad-clip",
+        "5.0",
+        "--comm-hook",
+        "fp16",
+        str(EXAMPLES / "train.py"),
+        "--",
+        "--steps",
+        "60",
+    )
     assert_trained_together(reports, "torchrun+bf16")
 
 
 def test_deepspeed_launcher_script_runs_unchanged(slurm_cluster, sandbox_job_root):
-    job_id, reports = run_job(sandbox_job_root, "--backend", "deepspeed", str(EXAMPLES / "train_deepspeed.py"), "--",
-                              "--deepspeed", "--deepspeed_config", str(EXAMPLES / "ds_config.json"))
+    job_id, reports = run_job(
+        sandbox_job_root,
+        "--backend",
+        "deepspeed",
+        str(EXAMPLES / "train_deepspeed.py"),
+        "--",
+        "--deepspeed",
+        "--deepspeed_config",
+        str(EXAMPLES / "ds_config.json"),
+    )
     assert_trained_together(reports, "deepspeed launcher script")
     assert sorted(r["local_rank_arg"] for r in reports) == [0, 0, 1, 1]  # --local_rank as the launcher passes it
     merged = json.loads((sandbox_job_root / job_id / "ds_config.json").read_text())

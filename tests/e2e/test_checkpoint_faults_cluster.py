@@ -36,18 +36,38 @@ FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 def site(slurm_cluster, tmp_path) -> Path:
     """The sandbox site, aimed at the cluster these tests run (HPC_TRAIN_SANDBOX_DIR may name another
     than the one site_configs/sandbox.yaml's slurm_conf points at)."""
-    return write(tmp_path / "sites" / "fault-sandbox.yaml", textwrap.dedent(f"""\
+    return write(
+        tmp_path / "sites" / "fault-sandbox.yaml",
+        textwrap.dedent(f"""\
         description: the sandbox cluster of this test session
         extends: sandbox
         slurm_conf: {slurm_cluster.slurm_conf}
         job_root: {slurm_cluster.jobs_dir}
-        """))
+        """),
+    )
 
 
-def submit(site: Path, job_root: Path, *extra: str, script: Path = SCRIPT, steps: int = STEPS,
-           script_args: tuple[str, ...] = ()) -> str:
-    out = hpc("submit", "--site", str(site), "--job-root", str(job_root), "--nodes", "2", "--procs-per-node", "1",
-              "--parsable", *extra, str(script), "--", "--steps", str(steps), *script_args)
+def submit(
+    site: Path, job_root: Path, *extra: str, script: Path = SCRIPT, steps: int = STEPS, script_args: tuple[str, ...] = ()
+) -> str:
+    out = hpc(
+        "submit",
+        "--site",
+        str(site),
+        "--job-root",
+        str(job_root),
+        "--nodes",
+        "2",
+        "--procs-per-node",
+        "1",
+        "--parsable",
+        *extra,
+        str(script),
+        "--",
+        "--steps",
+        str(steps),
+        *script_args,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
@@ -69,16 +89,18 @@ def stop_at(job_root: Path, job: str, step: int) -> None:
 def held_checkpoints(job_root: Path, job: str) -> list[Path]:
     """Once run 1 is over and run 2 not started (Slurm holds a requeued job ~2 minutes and nothing
     here releases it): the committed checkpoints, newest first."""
-    wait_for(lambda: "requeued job" in log_text(job_root, job) and controller_state(job) == "PENDING", 240,
-             f"job {job} to be requeued")
+    wait_for(
+        lambda: "requeued job" in log_text(job_root, job) and controller_state(job) == "PENDING", 240, f"job {job} to be requeued"
+    )
     folder = job_root / job / "checkpoints"
     return sorted((p for p in folder.glob("step-*") if (p / "COMMIT").is_file()), reverse=True)
 
 
 def test_bytes_changed_in_the_newest_checkpoint_resume_from_the_one_before(site, sandbox_job_root):
     reference = submit(site, sandbox_job_root, "--no-requeue")
-    job = submit(site, sandbox_job_root, "--checkpoint-every", "25", "--max-restarts", "3",
-                 script_args=("--step-seconds", "0.04"))
+    job = submit(
+        site, sandbox_job_root, "--checkpoint-every", "25", "--max-restarts", "3", script_args=("--step-seconds", "0.04")
+    )
     stop_at(sandbox_job_root, job, 60)
     newest, previous = held_checkpoints(sandbox_job_root, job)[:2]
     state_file = newest / "hpc_train.pt"
@@ -97,8 +119,10 @@ def test_bytes_changed_in_the_newest_checkpoint_resume_from_the_one_before(site,
 
 
 def test_when_no_checkpoint_loads_the_job_fails_unless_it_may_start_over(site, sandbox_job_root):
-    jobs = {flag: submit(site, sandbox_job_root, "--checkpoint-every", "25", *flag,
-                         script_args=("--step-seconds", "0.04")) for flag in ((), ("--restart-from-scratch",))}
+    jobs = {
+        flag: submit(site, sandbox_job_root, "--checkpoint-every", "25", *flag, script_args=("--step-seconds", "0.04"))
+        for flag in ((), ("--restart-from-scratch",))
+    }
     for job in jobs.values():
         stop_at(sandbox_job_root, job, 60)
     damaged = {}
@@ -178,8 +202,7 @@ def small_job_root(slurm_cluster, sandbox_job_root):
     assert pids, "no slurmd pid files in the sandbox"
     try:
         for pid in pids:
-            out = subprocess.run([sys.executable, "-c", INJECT, str(mount), str(pid), str(mount)],
-                                 capture_output=True, text=True)
+            out = subprocess.run([sys.executable, "-c", INJECT, str(mount), str(pid), str(mount)], capture_output=True, text=True)
             assert out.returncode == 0, f"cannot mount the tmpfs inside node (slurmd pid {pid}): {out.stderr}"
         for pid in pids:  # what a node writes the host reads: one filesystem
             subprocess.run(["nsenter", "--target", str(pid), "--mount", "touch", str(mount / f"seen-{pid}")], check=True)
@@ -195,8 +218,19 @@ def small_job_root(slurm_cluster, sandbox_job_root):
 
 def test_a_full_disk_fails_once_and_says_so(site, small_job_root, sandbox_job_root):
     script = write(sandbox_job_root / "fill.py", FILLER)
-    job = submit(site, small_job_root, "--checkpoint-every", "20", "--on-failure", "requeue", "--max-restarts", "3",
-                 "--no-metrics", script=script, steps=200)
+    job = submit(
+        site,
+        small_job_root,
+        "--checkpoint-every",
+        "20",
+        "--on-failure",
+        "requeue",
+        "--max-restarts",
+        "3",
+        "--no-metrics",
+        script=script,
+        steps=200,
+    )
     assert finish(job) == "FAILED", log_text(small_job_root, job)[-3000:]
     text = log_text(small_job_root, job)
     assert "saving step 40 failed: no space left on device" in text, text[-3000:]

@@ -20,7 +20,7 @@ from tests.conftest import REPO, write
 
 pytestmark = pytest.mark.e2e
 RUNS = int(os.environ.get("HPC_TRAIN_EXIT_RUNS", "10"))  # per backend; HPC_TRAIN_EXIT_RUNS=30 for the 30-in-a-row proof
-SHORT = '''
+SHORT = """
 import sys
 import torch
 import hpc_train.runtime as rt
@@ -38,13 +38,37 @@ ctx.print("done")
 if sys.argv[1] == "shutdown":  # the other half leave it to the runtime's exit handler
     ckpt.close()
     ctx.shutdown()
-'''
+"""
 
 
 def submit(job_root: Path, backend: str, script: Path, ending: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "hpc_train", "submit", "--site", "sandbox", "--job-root", str(job_root),
-                          "--backend", backend, "--nodes", "2", "--procs-per-node", "1", "--no-requeue", "--parsable",
-                          str(script), "--", ending], capture_output=True, text=True, cwd=REPO, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpc_train",
+            "submit",
+            "--site",
+            "sandbox",
+            "--job-root",
+            str(job_root),
+            "--backend",
+            backend,
+            "--nodes",
+            "2",
+            "--procs-per-node",
+            "1",
+            "--no-requeue",
+            "--parsable",
+            str(script),
+            "--",
+            ending,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
@@ -52,8 +76,9 @@ def submit(job_root: Path, backend: str, script: Path, ending: str) -> str:
 def final_states(job_ids: list[str], timeout: float) -> dict[str, str]:
     deadline = time.time() + timeout
     while time.time() < deadline:
-        out = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)],
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)], capture_output=True, text=True, timeout=30
+        )
         states = dict(line.split("|", 1) for line in out.stdout.splitlines() if "|" in line)
         if all(states.get(j, "PENDING").split()[0] not in ("PENDING", "RUNNING", "COMPLETING") for j in job_ids):
             return {j: states[j].split()[0] for j in job_ids}

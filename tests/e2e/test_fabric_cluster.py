@@ -17,13 +17,25 @@ pytestmark = pytest.mark.e2e
 
 
 def cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpc_train", *args], capture_output=True, text=True,
-                          cwd=REPO, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "hpc_train", *args], capture_output=True, text=True, cwd=REPO, timeout=timeout, check=False
+    )
 
 
 def test_preflight_two_nodes_with_a_profile_and_the_debug_overlay(slurm_cluster, sandbox_job_root):
-    out = cli("preflight", "--site", "sandbox", "--nodes", "2", "--nccl-profile", "sandbox-tcp", "--nccl-debug",
-              "--job-root", str(sandbox_job_root), "--json")
+    out = cli(
+        "preflight",
+        "--site",
+        "sandbox",
+        "--nodes",
+        "2",
+        "--nccl-profile",
+        "sandbox-tcp",
+        "--nccl-debug",
+        "--job-root",
+        str(sandbox_job_root),
+        "--json",
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     data = json.loads(out.stdout)
     result = data["result"]

@@ -20,8 +20,26 @@ HANG_TIMEOUT = 10
 
 
 def submit(job_root: Path, backend: str, *extra: str, script_args: tuple[str, ...] = (), steps: int = 300) -> str:
-    out = hpc("submit", "--site", "sandbox", "--job-root", str(job_root), "--backend", backend, "--nodes", "2",
-              "--procs-per-node", "1", "--parsable", *extra, str(SCRIPT), "--", "--steps", str(steps), *script_args)
+    out = hpc(
+        "submit",
+        "--site",
+        "sandbox",
+        "--job-root",
+        str(job_root),
+        "--backend",
+        backend,
+        "--nodes",
+        "2",
+        "--procs-per-node",
+        "1",
+        "--parsable",
+        *extra,
+        str(SCRIPT),
+        "--",
+        "--steps",
+        str(steps),
+        *script_args,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
@@ -39,11 +57,21 @@ def records(path: Path) -> list[dict]:
 
 
 @pytest.mark.parametrize("backend, how, spares", [("torchrun", "sleep", 1), ("mpi", "stop", 0)])
-def test_a_hung_rank_is_named_and_the_run_restarts_elsewhere_from_its_checkpoint(slurm_cluster, sandbox_job_root, backend,
-                                                                                 how, spares):
+def test_a_hung_rank_is_named_and_the_run_restarts_elsewhere_from_its_checkpoint(
+    slurm_cluster, sandbox_job_root, backend, how, spares
+):
     reference = submit(sandbox_job_root, backend, "--no-requeue")
-    job = submit(sandbox_job_root, backend, "--hang-timeout", str(HANG_TIMEOUT), "--checkpoint-every", "25",
-                 "--spare-nodes", str(spares), script_args=("--hang", f"1:120:{how}", "--step-seconds", "0.02"))
+    job = submit(
+        sandbox_job_root,
+        backend,
+        "--hang-timeout",
+        str(HANG_TIMEOUT),
+        "--checkpoint-every",
+        "25",
+        "--spare-nodes",
+        str(spares),
+        script_args=("--hang", f"1:120:{how}", "--step-seconds", "0.02"),
+    )
     wait_for(lambda: finished(job), 420, "the hung job to finish", release=job)
     wait_for(lambda: finished(reference), 120, "the reference job")
     folder = sandbox_job_root / job
@@ -84,8 +112,16 @@ def test_a_hung_rank_is_named_and_the_run_restarts_elsewhere_from_its_checkpoint
 @pytest.mark.parametrize("spares", [0, 1])
 def test_a_sick_node_is_avoided_inside_the_allocation_or_by_the_requeue(slurm_cluster, sandbox_job_root, spares):
     marker = sandbox_job_root / f"sick-node-{time.time_ns()}"
-    job = submit(sandbox_job_root, "torchrun", "--on-failure", "requeue", "--spare-nodes", str(spares),
-                 script_args=("--sick-node", str(marker)), steps=60)
+    job = submit(
+        sandbox_job_root,
+        "torchrun",
+        "--on-failure",
+        "requeue",
+        "--spare-nodes",
+        str(spares),
+        script_args=("--sick-node", str(marker)),
+        steps=60,
+    )
     wait_for(lambda: finished(job), 300, "the job on a sick node to finish", release=job)
     folder = sandbox_job_root / job
     text = log_text(sandbox_job_root, job)
@@ -102,8 +138,18 @@ def test_a_sick_node_is_avoided_inside_the_allocation_or_by_the_requeue(slurm_cl
 
 def test_a_crash_loop_ends_at_the_first_restart_that_makes_no_progress(slurm_cluster, sandbox_job_root):
     # rank 1 fails at step 10 wherever it runs, before the first checkpoint (every 25)
-    job = submit(sandbox_job_root, "torchrun", "--on-failure", "requeue", "--max-restarts", "6",
-                 "--checkpoint-every", "25", script_args=("--crash-at", "10"), steps=60)
+    job = submit(
+        sandbox_job_root,
+        "torchrun",
+        "--on-failure",
+        "requeue",
+        "--max-restarts",
+        "6",
+        "--checkpoint-every",
+        "25",
+        script_args=("--crash-at", "10"),
+        steps=60,
+    )
     wait_for(lambda: finished(job), 300, "the crash loop to end", release=job)
     text = log_text(sandbox_job_root, job)
     runs = int((sandbox_job_root / job / "runs").read_text())
@@ -118,8 +164,18 @@ def read_only_on_n2(slurm_cluster, sandbox_job_root):
     and remounted so) on one node is: a bind mount made read-only inside n2's mount namespace."""
     pid = (slurm_cluster.sandbox_dir / "run" / "slurmd-n2.pid").read_text().strip()
     root = str(sandbox_job_root)
-    subprocess.run(["nsenter", "--target", pid, "--mount", "sh", "-c",
-                    f'mount --bind "{root}" "{root}" && mount -o remount,bind,ro "{root}"'], check=True)
+    subprocess.run(
+        [
+            "nsenter",
+            "--target",
+            pid,
+            "--mount",
+            "sh",
+            "-c",
+            f'mount --bind "{root}" "{root}" && mount -o remount,bind,ro "{root}"',
+        ],
+        check=True,
+    )
     try:
         probe = subprocess.run(["nsenter", "--target", pid, "--mount", "touch", f"{root}/probe"], capture_output=True)
         assert probe.returncode != 0 and not (sandbox_job_root / "probe").exists(), "the bind mount is not read-only"

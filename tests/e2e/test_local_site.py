@@ -13,9 +13,29 @@ EXAMPLE = REPO / "examples" / "train_ddp.py"
 
 
 def test_local_ddp_job_runs_to_completion(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "hpc_train", "submit", "--site", "local", "--procs-per-node", "2",
-                          "--job-root", str(tmp_path), "--follow", str(EXAMPLE), "--", "--steps", "30"],
-                         capture_output=True, text=True, cwd=REPO, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpc_train",
+            "submit",
+            "--site",
+            "local",
+            "--procs-per-node",
+            "2",
+            "--job-root",
+            str(tmp_path),
+            "--follow",
+            str(EXAMPLE),
+            "--",
+            "--steps",
+            "30",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "step   30/30" in out.stdout  # --follow streamed the progress
     job_id = out.stdout.split()[2]
@@ -43,8 +63,14 @@ def test_submit_says_the_sites_warnings_like_render_does(tmp_path, site_dir):
     script = tmp_path / "hello.py"
     script.write_text("print('hello from the job')\n")
     env = {**os.environ, "HPC_TRAIN_SITE_PATH": str(site_dir)}
-    out = subprocess.run([sys.executable, "-m", "hpc_train", "submit", "--site", "noisy", "--job-root", str(tmp_path),
-                          "--wait", str(script)], capture_output=True, text=True, cwd=REPO, timeout=300, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "hpc_train", "submit", "--site", "noisy", "--job-root", str(tmp_path), "--wait", str(script)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+        env=env,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "warning: " in out.stderr and "NCCL_DEBUG" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr and "ConfigWarning" not in out.stderr  # said like our errors, once

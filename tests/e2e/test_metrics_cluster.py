@@ -17,16 +17,31 @@ STEPS = 40
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpc_train", *args], capture_output=True, text=True,
-                          cwd=REPO, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "hpc_train", *args], capture_output=True, text=True, cwd=REPO, timeout=timeout)
 
 
 def test_two_node_job_metrics_progress_logs_and_report(slurm_cluster, sandbox_job_root):
     from prometheus_client.parser import text_string_to_metric_families
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    out = cli("submit", "--site", "sandbox", "--job-root", str(sandbox_job_root), "--backend", "torchrun",
-              "--nodes", "2", "--procs-per-node", "2", "--wait", str(EXAMPLE), "--", "--steps", str(STEPS))
+    out = cli(
+        "submit",
+        "--site",
+        "sandbox",
+        "--job-root",
+        str(sandbox_job_root),
+        "--backend",
+        "torchrun",
+        "--nodes",
+        "2",
+        "--procs-per-node",
+        "2",
+        "--wait",
+        str(EXAMPLE),
+        "--",
+        "--steps",
+        str(STEPS),
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     job_id = out.stdout.split()[2]
     # --wait off a terminal: the job's life as plain lines on stderr

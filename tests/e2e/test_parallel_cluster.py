@@ -26,10 +26,34 @@ TOLERANCE = 1e-4  # float reductions in another order; a wrong shard or gradient
 
 
 def submit(job_root: Path, layout: str, *script_args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "hpc_train", "submit", "--site", "sandbox", "--job-root", str(job_root),
-                             "--nodes", "2", "--procs-per-node", "2", "--parallel", layout, "--wait", str(SCRIPT), "--",
-                             "--steps", str(STEPS), *script_args],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hpc_train",
+            "submit",
+            "--site",
+            "sandbox",
+            "--job-root",
+            str(job_root),
+            "--nodes",
+            "2",
+            "--procs-per-node",
+            "2",
+            "--parallel",
+            layout,
+            "--wait",
+            str(SCRIPT),
+            "--",
+            "--steps",
+            str(STEPS),
+            *script_args,
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finished(proc: subprocess.Popen, job_root: Path) -> tuple[str, str, list[dict]]:
@@ -42,8 +66,14 @@ def finished(proc: subprocess.Popen, job_root: Path) -> tuple[str, str, list[dic
 
 def reference(tmp_path: Path) -> dict[int, float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HPC_TRAIN_", "RANK", "WORLD_SIZE", "SLURM_"))}
-    out = subprocess.run([sys.executable, str(SCRIPT), "--steps", str(STEPS), "--out", str(tmp_path)], cwd=tmp_path,
-                         env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--steps", str(STEPS), "--out", str(tmp_path)],
+        cwd=tmp_path,
+        env={**env, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     return {int(k): v for k, v in json.loads((tmp_path / "rank0.json").read_text())["losses"].items()}
 
@@ -96,9 +126,28 @@ def test_tp_and_pp_layouts_match_one_process_and_resume_after_a_requeue(slurm_cl
 
 def test_invalid_layouts_are_rejected_before_submission(slurm_cluster, sandbox_job_root):
     def submit_now(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "hpc_train", "submit", "--site", "sandbox", "--job-root",
-                               str(sandbox_job_root), "--nodes", "2", "--procs-per-node", "2", *args, str(SCRIPT)],
-                              cwd=REPO, capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "hpc_train",
+                "submit",
+                "--site",
+                "sandbox",
+                "--job-root",
+                str(sandbox_job_root),
+                "--nodes",
+                "2",
+                "--procs-per-node",
+                "2",
+                *args,
+                str(SCRIPT),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     wrong_size = submit_now("--parallel", "dp=2,tp=4")
     assert wrong_size.returncode == 78, wrong_size.stderr

@@ -26,8 +26,26 @@ def hpc(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
 
 def submit(job_root: Path, backend: str, *extra: str, script_args: tuple[str, ...] = (), steps: int = STEPS) -> str:
     # 2 nodes x 1 process: every path a 2-node job takes, at half the start-up cost on this 2-core machine
-    out = hpc("submit", "--site", "sandbox", "--job-root", str(job_root), "--backend", backend, "--nodes", "2",
-              "--procs-per-node", "1", "--parsable", *extra, str(SCRIPT), "--", "--steps", str(steps), *script_args)
+    out = hpc(
+        "submit",
+        "--site",
+        "sandbox",
+        "--job-root",
+        str(job_root),
+        "--backend",
+        backend,
+        "--nodes",
+        "2",
+        "--procs-per-node",
+        "1",
+        "--parsable",
+        *extra,
+        str(SCRIPT),
+        "--",
+        "--steps",
+        str(steps),
+        *script_args,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
@@ -95,8 +113,18 @@ def interrupted_run(job_root: Path, backend: str, time_limit: bool) -> tuple[str
     # run; the sleep per step makes its >= 1100 remaining steps take >= 110 s however fast the node is.
     step_seconds = "0.1" if time_limit else "0.04"
     reference = submit(job_root, backend, "--no-requeue", steps=steps)
-    job = submit(job_root, backend, "--signal-grace", "60", "--checkpoint-every", "25", "--max-restarts", "8",
-                 script_args=("--step-seconds", step_seconds), steps=steps)
+    job = submit(
+        job_root,
+        backend,
+        "--signal-grace",
+        "60",
+        "--checkpoint-every",
+        "25",
+        "--max-restarts",
+        "8",
+        script_args=("--step-seconds", step_seconds),
+        steps=steps,
+    )
     timings = {}
     # 1. the scheduler's warning signal, as `scancel --signal` delivers it to the batch shell
     wait_for(lambda: progress(job_root, job, 1) >= 20, 240, "run 1 to train", release=job)
@@ -147,9 +175,31 @@ def test_restart_budget_stops_a_job_that_always_fails(slurm_cluster, sandbox_job
     # each run gets 12 steps further than the last before rank 1 crashes: progress, so only the budget
     # stops it (a job that fails where it began is ended sooner, by the no-progress rule: test_failures_cluster)
     crash = REPO / "tests" / "e2e" / "faulty_train.py"
-    out = hpc("submit", "--site", "sandbox", "--job-root", str(sandbox_job_root), "--on-failure", "requeue",
-              "--max-restarts", "2", "--checkpoint-every", "5", "--nodes", "2", "--procs-per-node", "1", "--wait",
-              str(crash), "--", "--steps", "200", "--crash-after", "12", timeout=400)
+    out = hpc(
+        "submit",
+        "--site",
+        "sandbox",
+        "--job-root",
+        str(sandbox_job_root),
+        "--on-failure",
+        "requeue",
+        "--max-restarts",
+        "2",
+        "--checkpoint-every",
+        "5",
+        "--nodes",
+        "2",
+        "--procs-per-node",
+        "1",
+        "--wait",
+        str(crash),
+        "--",
+        "--steps",
+        "200",
+        "--crash-after",
+        "12",
+        timeout=400,
+    )
     assert out.returncode != 0
     job = out.stdout.split()[2]
     text = log_text(sandbox_job_root, job)
@@ -180,8 +230,18 @@ def test_crossing_requeues_end_with_the_last_runs_outcome(slurm_cluster, sandbox
     state is its last run's outcome, and the result is as if nothing happened."""
     steps = 900
     reference = submit(sandbox_job_root, "torchrun", "--no-requeue", steps=steps)
-    job = submit(sandbox_job_root, "torchrun", "--signal-grace", "60", "--checkpoint-every", "25", "--max-restarts", "12",
-                 script_args=("--step-seconds", "0.04"), steps=steps)
+    job = submit(
+        sandbox_job_root,
+        "torchrun",
+        "--signal-grace",
+        "60",
+        "--checkpoint-every",
+        "25",
+        "--max-restarts",
+        "12",
+        script_args=("--step-seconds", "0.04"),
+        steps=steps,
+    )
     crossings = [["scancel", "--batch", "--signal=USR2", job], ["scancel", "--signal=USR2", job]] * 2
     for run, signal_cmd in enumerate(crossings, start=1):
         wait_for(lambda run=run: progress(sandbox_job_root, job, run) >= 20, 240, f"run {run} to train", release=job)

@@ -56,9 +56,32 @@ def run_job(job_root: Path, backend: str, script: str, *script_args: str) -> lis
     out = job_root / "out"
     out.mkdir()
     args = [a.replace("{out}", str(out)) for a in script_args]
-    done = subprocess.run([sys.executable, "-m", "hpc_train", "submit", "--site", "sandbox", "--job-root", str(job_root),
-                           "--nodes", "2", "--procs-per-node", "2", "--backend", backend, "--wait", str(path), "--", *args],
-                          capture_output=True, text=True, cwd=job_root, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpc_train",
+            "submit",
+            "--site",
+            "sandbox",
+            "--job-root",
+            str(job_root),
+            "--nodes",
+            "2",
+            "--procs-per-node",
+            "2",
+            "--backend",
+            backend,
+            "--wait",
+            str(path),
+            "--",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=job_root,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     reports = [json.loads(p.read_text()) for p in sorted(out.glob("argv*.json"))]
     assert sorted(r["rank"] for r in reports) == [0, 1, 2, 3], reports
@@ -86,8 +109,9 @@ def test_deepspeed_launcher_script_still_gets_local_rank(slurm_cluster, sandbox_
 
 def test_config_named_the_hugging_face_way_sets_the_micro_batch(slurm_cluster, sandbox_job_root):
     # the guide's shape at this cluster's size: 16 = micro x 2 x 4 processes, so micro 2
-    (sandbox_job_root / "ds.json").write_text(json.dumps({"train_batch_size": 16, "gradient_accumulation_steps": 2,
-                                                          "zero_optimization": {"stage": 1}}))
+    (sandbox_job_root / "ds.json").write_text(
+        json.dumps({"train_batch_size": 16, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 1}})
+    )
     reports = run_job(sandbox_job_root, "deepspeed", POSITIONAL, "4", "{out}", "--deepspeed", "ds.json")
     assert {(r["micro"], r["accum"]) for r in reports} == {(2, 2)}
     merged = {r["argv"][-1] for r in reports}
@@ -98,10 +122,34 @@ def test_config_named_the_hugging_face_way_sets_the_micro_batch(slurm_cluster, s
 def test_batch_that_cannot_hold_is_refused_before_submission(slurm_cluster, sandbox_job_root):
     (sandbox_job_root / "ds.json").write_text(json.dumps({"train_batch_size": 10, "gradient_accumulation_steps": 2}))
     (sandbox_job_root / "script.py").write_text(POSITIONAL)
-    done = subprocess.run([sys.executable, "-m", "hpc_train", "submit", "--site", "sandbox", "--job-root",
-                           str(sandbox_job_root), "--nodes", "2", "--procs-per-node", "2", "--backend", "deepspeed",
-                           str(sandbox_job_root / "script.py"), "--", "1", ".", "--deepspeed", "ds.json"],
-                          capture_output=True, text=True, cwd=sandbox_job_root, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpc_train",
+            "submit",
+            "--site",
+            "sandbox",
+            "--job-root",
+            str(sandbox_job_root),
+            "--nodes",
+            "2",
+            "--procs-per-node",
+            "2",
+            "--backend",
+            "deepspeed",
+            str(sandbox_job_root / "script.py"),
+            "--",
+            "1",
+            ".",
+            "--deepspeed",
+            "ds.json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=sandbox_job_root,
+        timeout=120,
+    )
     assert done.returncode == 78 and "Traceback" not in done.stderr, done.stderr
     assert "train_batch_size: 10 does not divide over 4 data-parallel processes" in done.stderr
     assert not list(sandbox_job_root.glob("[0-9]*")), "a job folder: something was submitted"

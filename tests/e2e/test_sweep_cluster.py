@@ -45,8 +45,9 @@ LIGHT = {"site": "sandbox", "backend": "mpi", "requeue": False}
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpc_train", *args], capture_output=True, text=True, cwd=REPO, check=False,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "hpc_train", *args], capture_output=True, text=True, cwd=REPO, check=False, timeout=timeout
+    )
 
 
 def received(handle, task: int) -> dict:
@@ -58,9 +59,26 @@ def test_a_2x3_sweep_runs_six_tasks_each_with_its_own_overrides_and_folder(slurm
 
     script = sandbox_job_root / "task.py"
     script.write_text(TASK)
-    out = cli("submit", "--site", "sandbox", "--backend", "mpi", "--job-root", str(sandbox_job_root),
-              "--sweep", "lr=1e-4,3e-4", "--sweep", "seed=0,1,2", "--max-concurrent", "4", "--wait",
-              str(script), "--", "--steps", "5")
+    out = cli(
+        "submit",
+        "--site",
+        "sandbox",
+        "--backend",
+        "mpi",
+        "--job-root",
+        str(sandbox_job_root),
+        "--sweep",
+        "lr=1e-4,3e-4",
+        "--sweep",
+        "seed=0,1,2",
+        "--max-concurrent",
+        "4",
+        "--wait",
+        str(script),
+        "--",
+        "--steps",
+        "5",
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     first = out.stdout.splitlines()[0]
     assert first.startswith("Submitted sweep ") and "6 task(s) in 1 array(s)" in first, out.stdout

@@ -18,8 +18,7 @@ EXAMPLE = REPO / "examples" / "train_ddp.py"
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpc_train", *args], capture_output=True, text=True,
-                          cwd=REPO, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "hpc_train", *args], capture_output=True, text=True, cwd=REPO, timeout=timeout)
 
 
 def submit(job_root: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -33,8 +32,20 @@ def job_id_of(out: subprocess.CompletedProcess) -> str:
 
 
 def test_two_node_torchrun_ddp_trains_and_agrees(slurm_cluster, sandbox_job_root):
-    out = submit(sandbox_job_root, "--backend", "torchrun", "--nodes", "2", "--procs-per-node", "2", "--wait",
-                 str(EXAMPLE), "--", "--steps", "40")
+    out = submit(
+        sandbox_job_root,
+        "--backend",
+        "torchrun",
+        "--nodes",
+        "2",
+        "--procs-per-node",
+        "2",
+        "--wait",
+        str(EXAMPLE),
+        "--",
+        "--steps",
+        "40",
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     job_id = job_id_of(out)
     assert f"{sandbox_job_root / job_id / (job_id + '_0_log.out')}" in out.stdout
@@ -89,7 +100,9 @@ def test_failing_script_fails_the_wait(slurm_cluster, sandbox_job_root, tmp_path
 
 
 def test_parsable_follow_and_cancel(slurm_cluster, sandbox_job_root, tmp_path):
-    script = write(tmp_path / "slow.py", "import time\nfor i in range(600):\n    print('tick', i, flush=True)\n    time.sleep(0.5)\n")
+    script = write(
+        tmp_path / "slow.py", "import time\nfor i in range(600):\n    print('tick', i, flush=True)\n    time.sleep(0.5)\n"
+    )
     out = submit(sandbox_job_root, "--parsable", str(script))
     assert out.returncode == 0, out.stderr
     job_id = out.stdout.strip()
@@ -99,8 +112,9 @@ def test_parsable_follow_and_cancel(slurm_cluster, sandbox_job_root, tmp_path):
     while time.time() < deadline and "tick 2" not in (log.read_text() if log.exists() else ""):
         time.sleep(0.5)
     assert "tick 2" in log.read_text()
-    follower = subprocess.Popen([sys.executable, "-m", "hpc_train", "logs", job_id, "--follow"], cwd=REPO,
-                                stdout=subprocess.PIPE, text=True)
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "hpc_train", "logs", job_id, "--follow"], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
     time.sleep(2)
     assert cli("cancel", job_id).returncode == 0
     followed, _ = follower.communicate(timeout=60)  # --follow returns once the job has ended

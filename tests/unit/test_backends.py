@@ -50,8 +50,15 @@ def test_horovod_options_become_its_environment(plugins):
 
 
 def test_deepspeed_config_from_job_options(plugins):
-    p = plan(plugins, "deepspeed", precision="bf16", grad_accum=4, grad_clip=1.0, procs_per_node=2,
-             backend_options={"zero_stage": 3, "micro_batch": 8})
+    p = plan(
+        plugins,
+        "deepspeed",
+        precision="bf16",
+        grad_accum=4,
+        grad_clip=1.0,
+        procs_per_node=2,
+        backend_options={"zero_stage": 3, "micro_batch": 8},
+    )
     config = json.loads(env_of(p)["HPC_TRAIN_DEEPSPEED_CONFIG_JSON"])
     assert config["zero_optimization"] == {"stage": 3}
     assert config["bf16"] == {"enabled": True} and config["fp16"] == {"enabled": False}
@@ -64,9 +71,16 @@ def test_deepspeed_config_from_job_options(plugins):
 
 
 def test_deepspeed_user_config_is_merged_under_the_job(plugins, tmp_path):
-    user = write(tmp_path / "ds.json", json.dumps({"zero_optimization": {"stage": 1, "overlap_comm": True},
-                                                   "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
-                                                   "gradient_clipping": 0.5}))
+    user = write(
+        tmp_path / "ds.json",
+        json.dumps(
+            {
+                "zero_optimization": {"stage": 1, "overlap_comm": True},
+                "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+                "gradient_clipping": 0.5,
+            }
+        ),
+    )
     p = plan(plugins, "deepspeed", backend_options={"config": str(user), "zero_stage": 2})
     config = json.loads(env_of(p)["HPC_TRAIN_DEEPSPEED_CONFIG_JSON"])
     assert config["zero_optimization"] == {"stage": 2, "overlap_comm": True}  # explicit job option wins
@@ -124,8 +138,10 @@ def test_launch_info_holds_the_job_root_and_the_base_port_and_a_plain_backend_ta
 def test_backend_modules_import_no_framework():
     import subprocess
 
-    code = ("import sys; import hpc_train_plugins.deepspeed, hpc_train_plugins.horovod, hpc_train_plugins.mpi, "
-            "hpc_train_plugins.torchrun; print(sorted(m for m in ('torch','deepspeed','horovod','mpi4py') if m in sys.modules))")
+    code = (
+        "import sys; import hpc_train_plugins.deepspeed, hpc_train_plugins.horovod, hpc_train_plugins.mpi, "
+        "hpc_train_plugins.torchrun; print(sorted(m for m in ('torch','deepspeed','horovod','mpi4py') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "[]", out.stderr
 
@@ -163,13 +179,16 @@ def test_guide_config_gets_the_micro_batch_its_numbers_give(plugins, tmp_path):
 MERGED = '"${HPC_TRAIN_JOB_FOLDER}/ds_config.json"'
 
 
-@pytest.mark.parametrize("args, flag, rewritten", [
-    (["--deepspeed", "ds_config.json"], "--deepspeed", f"--deepspeed {MERGED}"),  # the guide's, as Hugging Face takes it
-    (["--deepspeed=ds_config.json"], "--deepspeed", f"--deepspeed={MERGED}"),
-    (["--deepspeed_config", "ds_config.json"], "--deepspeed_config", f"--deepspeed_config {MERGED}"),
-    # DeepSpeed's own switch, then its config flag
-    (["--deepspeed", "--deepspeed-config=ds_config.json"], "--deepspeed-config", f"--deepspeed --deepspeed-config={MERGED}"),
-])
+@pytest.mark.parametrize(
+    "args, flag, rewritten",
+    [
+        (["--deepspeed", "ds_config.json"], "--deepspeed", f"--deepspeed {MERGED}"),  # the guide's, as Hugging Face takes it
+        (["--deepspeed=ds_config.json"], "--deepspeed", f"--deepspeed={MERGED}"),
+        (["--deepspeed_config", "ds_config.json"], "--deepspeed_config", f"--deepspeed_config {MERGED}"),
+        # DeepSpeed's own switch, then its config flag
+        (["--deepspeed", "--deepspeed-config=ds_config.json"], "--deepspeed-config", f"--deepspeed --deepspeed-config={MERGED}"),
+    ],
+)
 def test_config_named_among_the_script_arguments_is_merged_and_replaced(plugins, tmp_path, args, flag, rewritten):
     p = guide_plan(plugins, tmp_path, script_args=["--lr", "1e-4", *args])
     assert ds_config_of(p)["train_micro_batch_size_per_gpu"] == 2 and ds_config_of(p)["fp16"]["enabled"]
@@ -193,8 +212,12 @@ def test_world_where_the_batch_cannot_hold_is_refused_naming_what_would(plugins,
     assert "on 1, 2, 4 or 8 node(s), with train_micro_batch_size_per_gpu 8, 4, 2 or 1" in message
     assert "multiple of 96, such as 192 or 288" in message
     # the job's own --grad-accum takes part: 256 / (8 x 32) = 1 on 4 nodes
-    assert ds_config_of(guide_plan(plugins, tmp_path, grad_accum=8, backend_options={"config": "ds_config.json"}))[
-        "train_micro_batch_size_per_gpu"] == 1
+    assert (
+        ds_config_of(guide_plan(plugins, tmp_path, grad_accum=8, backend_options={"config": "ds_config.json"}))[
+            "train_micro_batch_size_per_gpu"
+        ]
+        == 1
+    )
     with pytest.raises(ConfigError, match=r"gradient_accumulation_steps 3 \(--grad-accum\)"):
         guide_plan(plugins, tmp_path, grad_accum=3, backend_options={"config": "ds_config.json"})
 
@@ -202,11 +225,17 @@ def test_world_where_the_batch_cannot_hold_is_refused_naming_what_would(plugins,
 def test_all_three_numbers_must_agree(plugins, tmp_path):
     with pytest.raises(ConfigError) as info:
         guide_plan(plugins, tmp_path, backend_options={"config": "ds_config.json", "micro_batch": 4})
-    assert ("train_batch_size: 256 is not train_micro_batch_size_per_gpu 4 (-o micro_batch) x gradient_accumulation_steps 4 "
-            "(from the file) x 32 data-parallel processes (4 node(s) x 8) = 512") in str(info.value)
+    assert (
+        "train_batch_size: 256 is not train_micro_batch_size_per_gpu 4 (-o micro_batch) x gradient_accumulation_steps 4 "
+        "(from the file) x 32 data-parallel processes (4 node(s) x 8) = 512"
+    ) in str(info.value)
     assert "it holds on 2 node(s)" in str(info.value)
-    assert ds_config_of(guide_plan(plugins, tmp_path, nodes=2, backend_options={"config": "ds_config.json", "micro_batch": 4}))[
-        "train_batch_size"] == 256
+    assert (
+        ds_config_of(guide_plan(plugins, tmp_path, nodes=2, backend_options={"config": "ds_config.json", "micro_batch": 4}))[
+            "train_batch_size"
+        ]
+        == 256
+    )
 
 
 def test_data_parallel_size_divides_the_batch_under_a_layout(plugins, tmp_path):
@@ -230,7 +259,9 @@ def test_bad_config_named_by_the_script_arguments_is_a_clear_error(plugins, tmp_
     write(tmp_path / "bad.json", '{\n  "train_batch_size": 256,\n  "fp16": {"enabled": true,}\n}\n')
     with pytest.raises(ConfigError) as info:
         plan(plugins, "deepspeed", workdir=str(tmp_path), script_args=["--deepspeed", "bad.json"])
-    assert f"{tmp_path / 'bad.json'}:3: invalid JSON: Expecting property name enclosed in double quotes (column 28)" in str(info.value)
+    assert f"{tmp_path / 'bad.json'}:3: invalid JSON: Expecting property name enclosed in double quotes (column 28)" in str(
+        info.value
+    )
     with pytest.raises(ConfigError) as info:
         plan(plugins, "deepspeed", workdir=str(tmp_path), script_args=["--deepspeed_config=nope.json"])
     assert f"{tmp_path / 'nope.json'}: DeepSpeed config file not found (named by --deepspeed_config" in str(info.value)
@@ -238,8 +269,13 @@ def test_bad_config_named_by_the_script_arguments_is_a_clear_error(plugins, tmp_
         plan(plugins, "deepspeed", script_args=["--deepspeed_config"])
     write(tmp_path / "other.json", "{}")
     with pytest.raises(ConfigError, match="two ds_config files for one job"):
-        plan(plugins, "deepspeed", workdir=str(tmp_path), script_args=["--deepspeed", "other.json"],
-             backend_options={"config": str(tmp_path / "bad.json")})
+        plan(
+            plugins,
+            "deepspeed",
+            workdir=str(tmp_path),
+            script_args=["--deepspeed", "other.json"],
+            backend_options={"config": str(tmp_path / "bad.json")},
+        )
 
 
 def test_cli_says_the_config_problem_without_a_traceback(tmp_path):
@@ -247,8 +283,28 @@ def test_cli_says_the_config_problem_without_a_traceback(tmp_path):
 
     write(tmp_path / "ds_config.json", json.dumps(GUIDE_CONFIG))
     write(tmp_path / "train.py", "")
-    out = subprocess.run([sys.executable, "-m", "hpc_train", "render", "--site", "bluecloud", "--backend", "deepspeed",
-                          "--nodes", "3", "--time", "1:00:00", "train.py", "--", "--deepspeed", "ds_config.json"],
-                         capture_output=True, text=True, cwd=tmp_path)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpc_train",
+            "render",
+            "--site",
+            "bluecloud",
+            "--backend",
+            "deepspeed",
+            "--nodes",
+            "3",
+            "--time",
+            "1:00:00",
+            "train.py",
+            "--",
+            "--deepspeed",
+            "ds_config.json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert out.returncode == 78 and "Traceback" not in out.stderr
     assert "train_batch_size: 256 does not divide over 24 data-parallel processes" in out.stderr

@@ -17,8 +17,9 @@ def python(code: str, pythonpath: str) -> subprocess.CompletedProcess:
 
 def test_the_next_sitecustomize_on_the_path_still_runs(tmp_path):
     (tmp_path / "sitecustomize.py").write_text("import builtins\nbuiltins.SITE_OF_THE_CLUSTER = 'loaded'\n")
-    out = python("import builtins, sys; print(builtins.SITE_OF_THE_CLUSTER, sys.modules['sitecustomize'].__file__)",
-                 f"{FOLDER}:{tmp_path}")
+    out = python(
+        "import builtins, sys; print(builtins.SITE_OF_THE_CLUSTER, sys.modules['sitecustomize'].__file__)", f"{FOLDER}:{tmp_path}"
+    )
     assert out.returncode == 0 and out.stdout.split() == ["loaded", str(tmp_path / "sitecustomize.py")], out.stderr
 
 
@@ -32,8 +33,9 @@ def test_a_broken_next_sitecustomize_is_said_not_fatal(tmp_path):
 def lingering_after_the_scripts_atexit(imports: str) -> float:
     """Seconds from the script's own last atexit handler to the process's end, seen from outside."""
     code = f"import atexit, time\n{imports}\natexit.register(lambda: print(time.time(), flush=True))\n"
-    proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": FOLDER},
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": FOLDER}, stdout=subprocess.PIPE, text=True
+    )
     out, _ = proc.communicate(timeout=120)
     ended = time.time()
     assert proc.returncode == 0

@@ -116,7 +116,7 @@ def test_batches_end_at_total_counted_from_the_first_batch(tmp_path):
 def test_the_documented_loop_is_the_example_loop():
     docs = (REPO / "docs" / "checkpointing.md").read_text()
     block = docs.split("```python\n", 1)[1].split("```", 1)[0]
-    loop = block[block.index("ckpt = ctx.checkpointer()"):]
+    loop = block[block.index("ckpt = ctx.checkpointer()") :]
     wanted = [line.split("  #")[0].strip() for line in loop.splitlines() if line.strip()]
     example = [line.strip() for line in (REPO / "examples" / "train_resumable.py").read_text().splitlines()]
     at = 0
@@ -157,8 +157,9 @@ for step in range(2, 1000):
 
 
 def test_kill_9_while_writing_keeps_the_previous_checkpoint(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-c", SAVER.format(repo=str(REPO), folder=str(tmp_path))],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SAVER.format(repo=str(REPO), folder=str(tmp_path))], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "first saved"
     deadline = time.time() + 60
     while time.time() < deadline and not list(tmp_path.glob("step-*.tmp-*/hpc_train.pt")):
@@ -233,7 +234,7 @@ def overwrite_in_place(file: Path, pattern: bytes, count: int = 256) -> None:
     """256 bytes of a tensor's data changed, the file's size kept: torch.load alone loads it silently."""
     data = bytearray(file.read_bytes())
     offset = data.index(pattern) + 64
-    data[offset:offset + count] = os.urandom(count)
+    data[offset : offset + count] = os.urandom(count)
     file.write_bytes(bytes(data))
 
 

@@ -13,8 +13,12 @@ from tests.conftest import REPO, write
 
 
 def render(*args: str, script: Path) -> str:
-    out = subprocess.run([sys.executable, "-m", "hpc_train", "render", "--site", "sandbox", *args, str(script)],
-                         capture_output=True, text=True, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-m", "hpc_train", "render", "--site", "sandbox", *args, str(script)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -27,8 +31,9 @@ def script(tmp_path: Path) -> Path:
 def test_restart_from_scratch_reaches_the_job(script):
     assert "export HPC_TRAIN_RESTART_FROM_SCRATCH=1  # job" in render("--restart-from-scratch", script=script)
     assert "HPC_TRAIN_RESTART_FROM_SCRATCH" not in render(script=script)  # unset: restore() fails loudly
-    help_text = subprocess.run([sys.executable, "-m", "hpc_train", "submit", "--help"], capture_output=True,
-                               text=True, cwd=REPO).stdout
+    help_text = subprocess.run(
+        [sys.executable, "-m", "hpc_train", "submit", "--help"], capture_output=True, text=True, cwd=REPO
+    ).stdout
     assert "--restart-from-scratch" in help_text
 
 
@@ -36,15 +41,21 @@ def on_failure_branch(text: str) -> str:
     """The rendered lines that decide whether a failed run is requeued (from whether it may be retried)."""
     start = text.index("hpc_train_retry=")
     decision = text.index('if [ "${status}" -ne 0 ] && [ ! -e "${HPC_TRAIN_STOP_FILE}" ] && [ "${hpc_train_retry}" = 1 ]; then')
-    return text[start:text.index("\nfi\n", decision) + 4]
+    return text[start : text.index("\nfi\n", decision) + 4]
 
 
 def run_branch(branch: str, folder: Path, run: int = 1) -> subprocess.CompletedProcess:
-    env = {"PATH": os.environ["PATH"], "SLURM_CONF": str(folder / "no-such-slurm.conf"), "SLURM_JOB_ID": "0",
-           "HPC_TRAIN_JOB_FOLDER": str(folder),
-           "HPC_TRAIN_RUN": str(run), "HPC_TRAIN_MAX_RESTARTS": "5", "HPC_TRAIN_STOP_FILE": str(folder / "stop_requested"),
-           "HPC_TRAIN_REQUEUED_FILE": str(folder / "requeue_requested"),
-           "HPC_TRAIN_NO_RETRY_FILE": str(folder / "no_retry")}
+    env = {
+        "PATH": os.environ["PATH"],
+        "SLURM_CONF": str(folder / "no-such-slurm.conf"),
+        "SLURM_JOB_ID": "0",
+        "HPC_TRAIN_JOB_FOLDER": str(folder),
+        "HPC_TRAIN_RUN": str(run),
+        "HPC_TRAIN_MAX_RESTARTS": "5",
+        "HPC_TRAIN_STOP_FILE": str(folder / "stop_requested"),
+        "HPC_TRAIN_REQUEUED_FILE": str(folder / "requeue_requested"),
+        "HPC_TRAIN_NO_RETRY_FILE": str(folder / "no_retry"),
+    }
     return subprocess.run(["bash", "-c", f"status=1\n{branch}"], env=env, capture_output=True, text=True, timeout=60)
 
 

@@ -13,8 +13,7 @@ from tests.conftest import REPO, write
 
 
 def cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpc_train", *args], capture_output=True, text=True,
-                          cwd=cwd or REPO, env=env)
+    return subprocess.run([sys.executable, "-m", "hpc_train", *args], capture_output=True, text=True, cwd=cwd or REPO, env=env)
 
 
 @pytest.fixture
@@ -23,8 +22,23 @@ def script(tmp_path: Path) -> Path:
 
 
 def test_render_prints_the_script_and_submits_nothing(script):
-    out = cli("render", "--site", "bluecloud", "--backend", "torchrun", "--nodes", "4", "--gpus-per-node", "8",
-              "--time", "12:00:00", str(script), "--", "--lr", "1e-4")
+    out = cli(
+        "render",
+        "--site",
+        "bluecloud",
+        "--backend",
+        "torchrun",
+        "--nodes",
+        "4",
+        "--gpus-per-node",
+        "8",
+        "--time",
+        "12:00:00",
+        str(script),
+        "--",
+        "--lr",
+        "1e-4",
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("#!/bin/bash\n")
     assert "#SBATCH --nodes=4" in out.stdout and "#SBATCH --gres=gpu:a100:8" in out.stdout
@@ -32,15 +46,18 @@ def test_render_prints_the_script_and_submits_nothing(script):
     assert "#SBATCH --time=12:00:00" in out.stdout
 
 
-@pytest.mark.parametrize("args, code, fragments", [
-    (["render", "--site", "bluecloude", "X"], 2, ["unknown site 'bluecloude'", "did you mean 'bluecloud'"]),
-    (["render", "--site", "bluecloud", "--backend", "deepspeedd", "X"], 2, ["unknown backend 'deepspeedd'"]),
-    (["render", "--site", "bluecloud", "--nodes", "99", "X"], 78, ["allows at most 32 nodes"]),
-    (["render", "--site", "bluecloud", "--time", "12h", "X"], 78, ["--time: malformed time '12h'"]),
-    (["render", "--site", "bluecloud", "missing_train.py"], 78, ["training script 'missing_train.py' not found"]),
-    (["render", "--site", "bluecloud", "--env", "NOEQUALS", "X"], 2, ["--env 'NOEQUALS': expected KEY=VALUE"]),
-    (["status", "424242"], 2, ["no job '424242' submitted through hpc_train"]),
-])
+@pytest.mark.parametrize(
+    "args, code, fragments",
+    [
+        (["render", "--site", "bluecloude", "X"], 2, ["unknown site 'bluecloude'", "did you mean 'bluecloud'"]),
+        (["render", "--site", "bluecloud", "--backend", "deepspeedd", "X"], 2, ["unknown backend 'deepspeedd'"]),
+        (["render", "--site", "bluecloud", "--nodes", "99", "X"], 78, ["allows at most 32 nodes"]),
+        (["render", "--site", "bluecloud", "--time", "12h", "X"], 78, ["--time: malformed time '12h'"]),
+        (["render", "--site", "bluecloud", "missing_train.py"], 78, ["training script 'missing_train.py' not found"]),
+        (["render", "--site", "bluecloud", "--env", "NOEQUALS", "X"], 2, ["--env 'NOEQUALS': expected KEY=VALUE"]),
+        (["status", "424242"], 2, ["no job '424242' submitted through hpc_train"]),
+    ],
+)
 def test_bad_input_is_a_message_not_a_traceback(script, args, code, fragments):
     args = [str(script) if a == "X" else a for a in args]
     out = cli(*args)
@@ -93,7 +110,6 @@ def test_validate_reports_bad_backend_options(tmp_path):
     assert "backends.horovodd: no such backend" in out.stderr
 
 
-
 def test_submit_refuses_what_render_refuses_before_calling_sbatch(script, tmp_path):
     # passes planning, fails the site check: without the shared check, submit would go on to sbatch
     # (absent from PATH here: "sbatch not found", exit 69) instead of naming the site's mistake
@@ -114,14 +130,16 @@ def test_submit_refuses_what_render_refuses_before_calling_sbatch(script, tmp_pa
     assert f"error: {info.value.message}" in render.stderr  # the Python API: the same message
 
 
-
-@pytest.mark.parametrize("args, error, command", [
-    (["submit", "--nodes", "x", "X"], "error: argument --nodes/-N: invalid int value: 'x'", "submit"),
-    (["submit"], "error: the following arguments are required: script", "submit"),
-    (["render", "--site"], "error: argument --site: expected one argument", "render"),
-    (["validate", "--bad"], "error: unrecognized arguments: --bad", "validate"),
-    (["bogus"], "error: argument COMMAND: invalid choice: 'bogus'", None),
-])
+@pytest.mark.parametrize(
+    "args, error, command",
+    [
+        (["submit", "--nodes", "x", "X"], "error: argument --nodes/-N: invalid int value: 'x'", "submit"),
+        (["submit"], "error: the following arguments are required: script", "submit"),
+        (["render", "--site"], "error: argument --site: expected one argument", "render"),
+        (["validate", "--bad"], "error: unrecognized arguments: --bad", "validate"),
+        (["bogus"], "error: argument COMMAND: invalid choice: 'bogus'", None),
+    ],
+)
 def test_usage_error_is_the_error_line_and_where_to_read_more(script, args, error, command):
     out = cli(*[str(script) if a == "X" else a for a in args])
     assert out.returncode == 2
@@ -143,8 +161,9 @@ print("HEAVY=" + ",".join(heavy), file=sys.stderr)
 """
 
 
-@pytest.mark.parametrize("args", [["--help"], ["render", "--site", "bluecloud", "X"], ["status", "1"],
-                                  ["sites"], ["backends"], ["submit", "--help"]])
+@pytest.mark.parametrize(
+    "args", [["--help"], ["render", "--site", "bluecloud", "X"], ["status", "1"], ["sites"], ["backends"], ["submit", "--help"]]
+)
 def test_login_side_never_imports_frameworks(script, args):
     args = [str(script) if a == "X" else a for a in args]
     out = subprocess.run([sys.executable, "-c", LOGIN_SIDE.format(args=args)], capture_output=True, text=True, cwd=REPO)
@@ -164,8 +183,10 @@ print("LOADED=" + ",".join(m for m in ("pydantic", "yaml", "importlib.metadata")
 
 def test_warm_render_needs_neither_pydantic_nor_yaml_nor_metadata(script):
     # login-node latency: the caches (validators, resolved sites, entry points) spare these imports
-    runs = [subprocess.run([sys.executable, "-c", WARM_RENDER.format(script=str(script))], capture_output=True,
-                           text=True, cwd=REPO) for _ in range(2)]
+    runs = [
+        subprocess.run([sys.executable, "-c", WARM_RENDER.format(script=str(script))], capture_output=True, text=True, cwd=REPO)
+        for _ in range(2)
+    ]
     assert runs[0].stdout == runs[1].stdout and "#SBATCH --nodes=4" in runs[1].stdout
     assert "LOADED=\n" in runs[1].stderr, runs[1].stderr[-2000:]
 
@@ -192,8 +213,9 @@ def state_after_cancel(job_id: str) -> str:
 
 def test_status_json_for_a_local_job_and_parsable(script, tmp_path):
     sleeper = write(tmp_path / "sleep.py", "import time; time.sleep(60)\n")
-    out = cli("submit", "--site", "local", "--backend", "torchrun", "--job-root", str(tmp_path / "jobs"),
-              "--parsable", str(sleeper))
+    out = cli(
+        "submit", "--site", "local", "--backend", "torchrun", "--job-root", str(tmp_path / "jobs"), "--parsable", str(sleeper)
+    )
     assert out.returncode == 0, out.stderr
     job_id = out.stdout.strip()
     assert job_id.isdigit()
@@ -208,9 +230,25 @@ def test_cancel_ends_a_local_job_started_where_sigint_is_ignored(tmp_path):
     import signal
 
     sleeper = write(tmp_path / "sleep.py", "import time; time.sleep(60)\n")
-    out = subprocess.run([sys.executable, "-m", "hpc_train", "submit", "--site", "local", "--job-root",
-                          str(tmp_path / "jobs"), "--parsable", str(sleeper)], capture_output=True, text=True,
-                         cwd=REPO, timeout=120, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpc_train",
+            "submit",
+            "--site",
+            "local",
+            "--job-root",
+            str(tmp_path / "jobs"),
+            "--parsable",
+            str(sleeper),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     assert out.returncode == 0, out.stderr
     job_id = out.stdout.strip()
     assert cli("cancel", job_id).returncode == 0
@@ -219,8 +257,10 @@ def test_cancel_ends_a_local_job_started_where_sigint_is_ignored(tmp_path):
 
 def test_diagnose_a_folder_says_what_it_lacks_and_an_unknown_job_is_an_error(tmp_path):
     (tmp_path / "runs").write_text("2\n")
-    (tmp_path / "hangs.jsonl").write_text('{"run": 1, "quiet_s": 12.0, "culprits": [{"rank": 3, "host": "n2", '
-                                          '"steps": 7, "top": ["File \\"t.py\\", line 3 in f"], "reason": "r"}]}\n{"run')
+    (tmp_path / "hangs.jsonl").write_text(
+        '{"run": 1, "quiet_s": 12.0, "culprits": [{"rank": 3, "host": "n2", '
+        '"steps": 7, "top": ["File \\"t.py\\", line 3 in f"], "reason": "r"}]}\n{"run'
+    )
     out = cli("diagnose", str(tmp_path))
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
     assert 'rank 3 on n2, last step 7, at File "t.py", line 3 in f (r)' in out.stdout

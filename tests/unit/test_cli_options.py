@@ -40,15 +40,32 @@ def parse(*argv: str, spec: type = JobSpec, backends=BACKENDS) -> dict:
     return job_options(args)
 
 
-@pytest.mark.parametrize("text, value", [
-    ("1:30", "1:30"),  # YAML 1.1 reads 5400 (base 60)
-    ("8", 8), ("-3", -3), ("0.5", 0.5), ("1e-4", 1e-4),
-    ("true", True), ("False", False), ("TRUE", True),
-    ("yes", "yes"), ("on", "on"), ("no", "no"),  # YAML 1.1's booleans
-    ("0o17", "0o17"), ("0x1f", "0x1f"), ("1_000", "1_000"),  # YAML 1.1's octal, YAML's hex, 1.1's digit groups
-    ("null", None), ("~", None), ("none", "none"),
-    ("", ""), ("a=b", "a=b"), ("[1, 2]", "[1, 2]"), ("2024-01-01", "2024-01-01"),
-])
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("1:30", "1:30"),  # YAML 1.1 reads 5400 (base 60)
+        ("8", 8),
+        ("-3", -3),
+        ("0.5", 0.5),
+        ("1e-4", 1e-4),
+        ("true", True),
+        ("False", False),
+        ("TRUE", True),
+        ("yes", "yes"),
+        ("on", "on"),
+        ("no", "no"),  # YAML 1.1's booleans
+        ("0o17", "0o17"),
+        ("0x1f", "0x1f"),
+        ("1_000", "1_000"),  # YAML 1.1's octal, YAML's hex, 1.1's digit groups
+        ("null", None),
+        ("~", None),
+        ("none", "none"),
+        ("", ""),
+        ("a=b", "a=b"),
+        ("[1, 2]", "[1, 2]"),
+        ("2024-01-01", "2024-01-01"),
+    ],
+)
 def test_option_values_are_numbers_and_true_false_only_when_they_plainly_are(text, value):
     got = parse("-o", f"k={text}")["backend_options"]["k"]
     assert got == value and type(got) is type(value)
@@ -63,11 +80,27 @@ def test_env_values_stay_text_and_pairs_need_an_equals_sign():
 
 def test_only_what_is_given_reaches_the_job():
     assert parse() == {"script": "train.py", "script_args": [], "env": {}, "sbatch": {}, "backend_options": {}}
-    options = parse("-N", "2", "--no-metrics", "--restart-from-scratch", "--hang-timeout", "5m", "--after", "5,6",
-                    "--after", "7", "--nccl-debug")
+    options = parse(
+        "-N",
+        "2",
+        "--no-metrics",
+        "--restart-from-scratch",
+        "--hang-timeout",
+        "5m",
+        "--after",
+        "5,6",
+        "--after",
+        "7",
+        "--nccl-debug",
+    )
     assert {k: options[k] for k in ("nodes", "metrics", "restart_from_scratch", "hang_timeout", "after", "nccl_profile")} == {
-        "nodes": 2, "metrics": False, "restart_from_scratch": True, "hang_timeout": "5m", "after": ["5,6", "7"],
-        "nccl_profile": "+debug"}
+        "nodes": 2,
+        "metrics": False,
+        "restart_from_scratch": True,
+        "hang_timeout": "5m",
+        "after": ["5,6", "7"],
+        "nccl_profile": "+debug",
+    }
 
 
 def test_every_field_with_a_group_is_a_flag_of_its_name_and_type():
@@ -90,9 +123,19 @@ def test_every_env_field_is_a_contract_variable_and_reads_back_as_it_was():
     variables = {v for k, v in vars(contract).items() if k.startswith("ENV_")}
     env_fields = [f for f in dataclasses.fields(JobSpec) if "env" in f.metadata]
     assert {f.metadata["env"] for f in env_fields} <= variables
-    job = JobSpec(precision="bf16", grad_clip=1.0, grad_accum=4, comm_hook="powersgd", activation_checkpointing=True,
-                  checkpoint_every=100, keep_checkpoints=3, async_checkpoint=False, restart_from_scratch=True,
-                  exact_resume=False, metrics=True)
+    job = JobSpec(
+        precision="bf16",
+        grad_clip=1.0,
+        grad_accum=4,
+        comm_hook="powersgd",
+        activation_checkpointing=True,
+        checkpoint_every=100,
+        keep_checkpoints=3,
+        async_checkpoint=False,
+        restart_from_scratch=True,
+        exact_resume=False,
+        metrics=True,
+    )
     exported = to_env(job)
     assert len(exported) == len(env_fields)
     assert exported[contract.ENV_GRAD_CLIP] == "1.0" and exported[contract.ENV_ASYNC_CHECKPOINT] == "0"
@@ -105,8 +148,9 @@ def test_every_env_field_is_a_contract_variable_and_reads_back_as_it_was():
 
 @dataclass(frozen=True, kw_only=True)
 class _WithWarmup(JobSpec):
-    warmup_steps: Annotated[int, Ge(0)] | None = setting(None, "learning-rate warm-up steps", group=TRAINING, metavar="N",
-                                                         env="HPC_TRAIN_WARMUP_STEPS")
+    warmup_steps: Annotated[int, Ge(0)] | None = setting(
+        None, "learning-rate warm-up steps", group=TRAINING, metavar="N", env="HPC_TRAIN_WARMUP_STEPS"
+    )
 
 
 def test_a_new_job_field_is_a_flag_a_keyword_and_a_variable_without_other_edits(plugins):
@@ -133,7 +177,9 @@ def test_a_backend_flag_sets_its_option_and_is_listed_under_backend_options():
 
 
 def test_a_backend_flag_with_another_backend_is_a_usage_error_naming_its_backend():
-    with pytest.raises(UsageError, match="--fake-config is an option of backend 'fake'; this job's backend is 'torchrun'") as info:
+    with pytest.raises(
+        UsageError, match="--fake-config is an option of backend 'fake'; this job's backend is 'torchrun'"
+    ) as info:
         parse("--fake-config", "x.json")
     assert "--backend fake" in (info.value.hint or "")
 

@@ -53,12 +53,24 @@ def base_site(root: str) -> dict[str, Any]:
         "modules": ["cuda/12.1"],
         "setup": ["true"],
         "storage": {"datasets": "/shared/datasets"},
-        "partitions": {"gpu": {
-            "description": "two GPUs", "gpus_per_node": 2, "gpu_type": "a100", "gpu_model": "A100", "cpus_per_node": 16,
-            "mem_per_node": "64G", "max_nodes": 4, "max_time": "1-00:00:00", "default_time": "01:00:00",
-            "interconnect": "ib", "nccl_profile": "ib", "constraint": "ib", "sbatch": {"exclusive": True},
-            "env": {"PART_VAR": "1"},
-        }},
+        "partitions": {
+            "gpu": {
+                "description": "two GPUs",
+                "gpus_per_node": 2,
+                "gpu_type": "a100",
+                "gpu_model": "A100",
+                "cpus_per_node": 16,
+                "mem_per_node": "64G",
+                "max_nodes": 4,
+                "max_time": "1-00:00:00",
+                "default_time": "01:00:00",
+                "interconnect": "ib",
+                "nccl_profile": "ib",
+                "constraint": "ib",
+                "sbatch": {"exclusive": True},
+                "env": {"PART_VAR": "1"},
+            }
+        },
         "env": {"SITE_VAR": "x"},
         "nccl_profiles": {"ib": {"extends": "infiniband", "NCCL_IB_GID_INDEX": 3}},
         "sbatch": {"account": "acme"},
@@ -73,9 +85,21 @@ def base_site(root: str) -> dict[str, Any]:
 def payloads(marker: str) -> list[str]:
     """Text that must be refused (controls, invisible formatting) or must stay inert (shell syntax)."""
     return [
-        f"x\ntouch {marker}", f"x\r\ntouch {marker}", "a\x1b[2Jb", "evil\u202egnp.exe", "zero\u200bwidth", "nul\x00byte",
-        "line\u2028sep", "c1\x85ctl", f"a;touch {marker};b", f"$(touch {marker})", f"`touch {marker}`",
-        f"'; touch {marker}; '", f'"; touch {marker}; "', "-", "",
+        f"x\ntouch {marker}",
+        f"x\r\ntouch {marker}",
+        "a\x1b[2Jb",
+        "evil\u202egnp.exe",
+        "zero\u200bwidth",
+        "nul\x00byte",
+        "line\u2028sep",
+        "c1\x85ctl",
+        f"a;touch {marker};b",
+        f"$(touch {marker})",
+        f"`touch {marker}`",
+        f"'; touch {marker}; '",
+        f'"; touch {marker}; "',
+        "-",
+        "",
     ]
 
 
@@ -121,37 +145,75 @@ def structured_cases(root: str) -> list[Case]:
         if isinstance(value, str):
             for i, text in enumerate(texts):
                 unsafe = any(c in text for c in "\n\r\x1b\u202e\u200b\x00\u2028\x85")
-                cases.append(Case(f"value-{dotted(loc)}-{i}", dump(put(base, loc, text)), key=dotted(loc[:1]),
-                                  accept=False if unsafe else None, inject=MARKER in text))
+                cases.append(
+                    Case(
+                        f"value-{dotted(loc)}-{i}",
+                        dump(put(base, loc, text)),
+                        key=dotted(loc[:1]),
+                        accept=False if unsafe else None,
+                        inject=MARKER in text,
+                    )
+                )
         wrong = [[], {"a": 1}, True, 3.5, -1, 10**30, "lots"]
         for i, bad in enumerate(wrong):
             if type(bad) is not type(value) and (i + len(loc)) % 2 == 0:  # half of them: enough, and quick
                 cases.append(Case(f"type-{dotted(loc)}-{i}", dump(put(base, loc, bad)), key=dotted(loc[:1])))
-    free_keys = [("storage",), ("env",), ("sbatch",), ("partitions",), ("nccl_profiles",), ("backends",),
-                 ("partitions", "gpu", "env"), ("partitions", "gpu", "sbatch"), ("nccl_profiles", "ib")]
-    key_payloads = [f"a;touch {marker};b", f"x\ntouch {marker}", "my-data", f"$(touch {marker})", "evil\u202e",
-                    "", "--x", "time", "A B"]
+    free_keys = [
+        ("storage",),
+        ("env",),
+        ("sbatch",),
+        ("partitions",),
+        ("nccl_profiles",),
+        ("backends",),
+        ("partitions", "gpu", "env"),
+        ("partitions", "gpu", "sbatch"),
+        ("nccl_profiles", "ib"),
+    ]
+    key_payloads = [
+        f"a;touch {marker};b",
+        f"x\ntouch {marker}",
+        "my-data",
+        f"$(touch {marker})",
+        "evil\u202e",
+        "",
+        "--x",
+        "time",
+        "A B",
+    ]
     for loc in free_keys:
         for i, key in enumerate(key_payloads):
             value: Any = {} if loc in (("partitions",), ("nccl_profiles",), ("backends",)) else "v"
-            cases.append(Case(f"key-{dotted(loc)}-{i}", dump(put(base, loc + (key,), value)), key=dotted(loc[:1]),
-                              inject=MARKER in key))
+            cases.append(
+                Case(f"key-{dotted(loc)}-{i}", dump(put(base, loc + (key,), value)), key=dotted(loc[:1]), inject=MARKER in key)
+            )
     for loc in mappings(base):
         typo = "descriptoin" if loc else "schedular"
-        cases.append(Case(f"unknown-{dotted(loc) if loc else 'top'}", dump(put(base, loc + (typo,), 1)) if loc
-                          else dump({**base, typo: 1}), key=dotted(loc[:1]) if loc else typo, accept=None))
+        cases.append(
+            Case(
+                f"unknown-{dotted(loc) if loc else 'top'}",
+                dump(put(base, loc + (typo,), 1)) if loc else dump({**base, typo: 1}),
+                key=dotted(loc[:1]) if loc else typo,
+                accept=None,
+            )
+        )
     return cases
 
 
 def special_cases(root: str) -> list[Case]:
     base = dump(base_site(root)).decode()
     bomb = 'a0: &a0 ["x","x","x","x","x","x","x","x","x"]\n' + "".join(
-        f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]\n" for i in range(1, 10))
+        f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]\n" for i in range(1, 10)
+    )
     raw: dict[str, tuple[bytes, dict[str, Any]]] = {
         "alias-bomb": (bomb.encode(), {"line": True}),
-        "alias-bomb-small": ((b'a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n'
-                             b'c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n'
-                             b'e: [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\n'), {"line": True}),
+        "alias-bomb-small": (
+            (
+                b"a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+                b"c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+                b"e: [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\n"
+            ),
+            {"line": True},
+        ),
         "alias-self": (b"extends: generic-slurm\nenv: &e {A: *e}\n", {"line": True}),
         "deep-flow": (b"env: " + b"[" * 5000 + b"]" * 5000 + b"\n", {"line": True}),
         "deep-block": (b"env:\n" + b"- " * 3000 + b"x\n", {"line": True}),
@@ -183,21 +245,26 @@ def special_cases(root: str) -> list[Case]:
         "extends-typo": (b"extends: generic-slurn\n", {"key": "extends"}),
         "extends-self": (b"extends: ./extends-self.yaml\n", {"key": "extends", "line": False}),
         "extends-list": (b"extends: [a]\n", {"key": "extends"}),
-        "default-over-max": (base.replace('default_time: 01:00:00', 'default_time: "2-00:00:00"').encode(),
-                             {"key": "partitions.gpu.default_time"}),
-        "grace-over-default": (base.replace('default_time: 01:00:00', 'default_time: "1"').encode(),
-                               {"key": "partitions.gpu.default_time"}),
+        "default-over-max": (
+            base.replace("default_time: 01:00:00", 'default_time: "2-00:00:00"').encode(),
+            {"key": "partitions.gpu.default_time"},
+        ),
+        "grace-over-default": (
+            base.replace("default_time: 01:00:00", 'default_time: "1"').encode(),
+            {"key": "partitions.gpu.default_time"},
+        ),
         "time-yaml11-max": (base.replace("max_time: 1-00:00:00", "max_time: 12:00:00").encode(), {"accept": True}),
-        "time-yaml11-default": (base.replace("default_time: 01:00:00", "default_time: 12:00:00").encode(),
-                                {"accept": True}),
-        "time-float": (base.replace("default_time: 01:00:00", "default_time: 1.5").encode(),
-                       {"key": "partitions.gpu.default_time"}),
-        "time-bool": (base.replace("default_time: 01:00:00", "default_time: yes").encode(),
-                      {"key": "partitions.gpu.default_time"}),
-        "gpus-true": (base.replace("gpus_per_node: 2", "gpus_per_node: true").encode(),
-                      {"key": "partitions.gpu.gpus_per_node"}),
-        "mem-lots": (base.replace("mem_per_node: 64G", "mem_per_node: lots").encode(),
-                     {"key": "partitions.gpu.mem_per_node"}),
+        "time-yaml11-default": (base.replace("default_time: 01:00:00", "default_time: 12:00:00").encode(), {"accept": True}),
+        "time-float": (
+            base.replace("default_time: 01:00:00", "default_time: 1.5").encode(),
+            {"key": "partitions.gpu.default_time"},
+        ),
+        "time-bool": (
+            base.replace("default_time: 01:00:00", "default_time: yes").encode(),
+            {"key": "partitions.gpu.default_time"},
+        ),
+        "gpus-true": (base.replace("gpus_per_node: 2", "gpus_per_node: true").encode(), {"key": "partitions.gpu.gpus_per_node"}),
+        "mem-lots": (base.replace("mem_per_node: 64G", "mem_per_node: lots").encode(), {"key": "partitions.gpu.mem_per_node"}),
         "template-outside": (base.encode() + b"template: ../../etc/passwd\n", {"key": "template"}),
         "template-absolute": (base.encode() + b"template: /etc/passwd\n", {"key": "template"}),
         "template-missing": (base.encode() + b"template: nope.sh.j2\n", {"key": "template"}),
@@ -205,13 +272,16 @@ def special_cases(root: str) -> list[Case]:
         "backend-typo": (base.replace("max_restarts: 1", "max_restart: 1").encode(), {"key": "backends.torchrun.max_restart"}),
         "backend-type": (base.replace("max_restarts: 1", "max_restarts: lots").encode(), {"key": "backends.torchrun"}),
         "backend-unknown": (dump(put(base_site(root), ("backends", "deepspeedd"), {})), {"key": "backends.deepspeedd"}),
-        "backend-other-bad": (dump(put(base_site(root), ("backends", "deepspeed"), {"stagee": 2})),
-                              {"key": "backends.deepspeed.stagee"}),
+        "backend-other-bad": (
+            dump(put(base_site(root), ("backends", "deepspeed"), {"stagee": 2})),
+            {"key": "backends.deepspeed.stagee"},
+        ),
         "sbatch-newline-key": (dump(put(base_site(root), ("sbatch", "mail-type\nnodes"), "END")), {"key": "sbatch"}),
     }
     cases = [Case(name, data, **extra) for name, (data, extra) in raw.items()]
-    anchored = base.replace("  gpu:\n", "  gpu: &gpu\n").replace("env:\n  SITE_VAR", "  big:\n    <<: *gpu\n"
-                                                                   "    max_nodes: 8\nenv:\n  SITE_VAR")
+    anchored = base.replace("  gpu:\n", "  gpu: &gpu\n").replace(
+        "env:\n  SITE_VAR", "  big:\n    <<: *gpu\n    max_nodes: 8\nenv:\n  SITE_VAR"
+    )
     assert "<<: *gpu" in anchored
     cases.append(Case("merge-override", anchored.encode(), accept=True))
     cases.append(Case("bom", b"\xef\xbb\xbf" + base.encode(), accept=True))
@@ -222,8 +292,21 @@ def command_line_cases(root: str) -> list[Case]:
     marker = f"{root}/{MARKER}"
     texts = payloads(marker)
     cases: list[Case] = []
-    for flag in ("--job-root", "--workdir", "--job-name", "--account", "--qos", "--reservation", "--constraint",
-                 "--partition", "--mem", "--time", "--nccl-profile", "--python", "--container-image"):
+    for flag in (
+        "--job-root",
+        "--workdir",
+        "--job-name",
+        "--account",
+        "--qos",
+        "--reservation",
+        "--constraint",
+        "--partition",
+        "--mem",
+        "--time",
+        "--nccl-profile",
+        "--python",
+        "--container-image",
+    ):
         for i, text in enumerate(texts[:13]):
             field_name = flag.lstrip("-").replace("-", "_")
             keys = (flag, field_name, "script") if flag == "--workdir" else (flag, field_name)
@@ -231,22 +314,31 @@ def command_line_cases(root: str) -> list[Case]:
     for i, text in enumerate(texts[:13]):
         inject = MARKER in text
         cases.append(Case(f"sbatch-key-{i}", argv=["--sbatch", f"{text}=1"], key="--sbatch", line=False, inject=inject))
-        cases.append(Case(f"sbatch-value-{i}", argv=["--sbatch", f"comment={text}"], key="--sbatch", line=False,
-                          inject=inject))
+        cases.append(Case(f"sbatch-value-{i}", argv=["--sbatch", f"comment={text}"], key="--sbatch", line=False, inject=inject))
         cases.append(Case(f"env-key-{i}", argv=["--env", f"{text}=1"], key="--env", line=False, inject=inject))
         cases.append(Case(f"env-value-{i}", argv=["--env", f"V={text}"], key="--env", line=False, inject=inject))
         cases.append(Case(f"script-arg-{i}", script_args=[text], accept=True, inject=inject))
     for name, argv, key in [
-        ("nodes-word", ["--nodes", "abc"], "--nodes"), ("nodes-zero", ["--nodes", "0"], "--nodes"),
-        ("nodes-over", ["--nodes", "99"], "nodes"), ("gpus-over", ["--gpus-per-node", "99"], "gpus_per_node"),
-        ("time-long", ["--time", "12:00:00:00"], "--time"), ("time-zero", ["--time", "0"], "--time"),
-        ("parallel", ["--parallel", "dp=x"], "--parallel"), ("after", ["--after", "1;touch"], "--after"),
-        ("option-unknown", ["-o", "nope=1"], "nope"), ("option-bool", ["-o", "max_restarts=true"], "max_restarts"),
-        ("option-list", ["-o", "max_restarts=[1]"], "max_restarts"), ("option-noeq", ["-o", "x"], "--option"),
-        ("backend", ["--backend", "nope"], "backend"), ("site", ["--site", "nope"], "site"),
-        ("site-folder", ["--site", "./"], "./"), ("flag-unknown", ["--bogus"], "--bogus"),
-        ("sbatch-reserved", ["--sbatch", "nodes=3"], "--sbatch"), ("sbatch-empty", ["--sbatch", "=x"], "--sbatch"),
-        ("mem-lots", ["--mem", "lots"], "--mem"), ("precision", ["--precision", "fp8"], "--precision"),
+        ("nodes-word", ["--nodes", "abc"], "--nodes"),
+        ("nodes-zero", ["--nodes", "0"], "--nodes"),
+        ("nodes-over", ["--nodes", "99"], "nodes"),
+        ("gpus-over", ["--gpus-per-node", "99"], "gpus_per_node"),
+        ("time-long", ["--time", "12:00:00:00"], "--time"),
+        ("time-zero", ["--time", "0"], "--time"),
+        ("parallel", ["--parallel", "dp=x"], "--parallel"),
+        ("after", ["--after", "1;touch"], "--after"),
+        ("option-unknown", ["-o", "nope=1"], "nope"),
+        ("option-bool", ["-o", "max_restarts=true"], "max_restarts"),
+        ("option-list", ["-o", "max_restarts=[1]"], "max_restarts"),
+        ("option-noeq", ["-o", "x"], "--option"),
+        ("backend", ["--backend", "nope"], "backend"),
+        ("site", ["--site", "nope"], "site"),
+        ("site-folder", ["--site", "./"], "./"),
+        ("flag-unknown", ["--bogus"], "--bogus"),
+        ("sbatch-reserved", ["--sbatch", "nodes=3"], "--sbatch"),
+        ("sbatch-empty", ["--sbatch", "=x"], "--sbatch"),
+        ("mem-lots", ["--mem", "lots"], "--mem"),
+        ("precision", ["--precision", "fp8"], "--precision"),
     ]:
         cases.append(Case(f"cli-{name}", argv=argv, key=key, line=False, accept=False))
     return cases
@@ -279,8 +371,22 @@ def stubs(tmp_path: Path) -> Path:
     """srun, scontrol, module and the rest: stand-ins that do nothing and succeed."""
     folder = tmp_path / "stub-bin"
     folder.mkdir()
-    for name in ("srun", "scontrol", "sbatch", "squeue", "module", "stub-python", "apptainer", "singularity",
-                 "python", "python3", "nvidia-smi", "mpirun", "deepspeed", "horovodrun"):
+    for name in (
+        "srun",
+        "scontrol",
+        "sbatch",
+        "squeue",
+        "module",
+        "stub-python",
+        "apptainer",
+        "singularity",
+        "python",
+        "python3",
+        "nvidia-smi",
+        "mpirun",
+        "deepspeed",
+        "horovodrun",
+    ):
         stub = folder / name
         stub.write_text("#!/bin/sh\nexit 0\n")
         stub.chmod(0o755)
@@ -306,7 +412,8 @@ def test_fuzz_corpus_refuses_with_a_place_or_renders_an_inert_script(tmp_path, m
         validate_code, _, validate_err = run_cli(["validate", "--site", str(path)])
         render_code, script, render_err = run_cli(["render", "--site", str(path), "train.py"])
         assert (validate_code == 0) == (render_code == 0), (
-            f"{case.name}: validate {validate_code}, render {render_code}\n{validate_err}\n{render_err}")
+            f"{case.name}: validate {validate_code}, render {render_code}\n{validate_err}\n{render_err}"
+        )
         assert validate_code == render_code, f"{case.name}: not the same exit code for the same error"
         outcomes[case.name] = render_code
         if render_code:
@@ -334,8 +441,10 @@ def test_fuzz_corpus_refuses_with_a_place_or_renders_an_inert_script(tmp_path, m
     assert "#SBATCH --time=12:00:00" in scripts["time-yaml11-default"]
     assert 20 <= len(injected) < len(scripts) < len(site_cases) + len(cli_cases)
     check_scripts(tmp_path, scripts, stubs, run=injected)
-    print(f"\n{len(site_cases)} site files, {len(cli_cases)} command lines, {len(scripts)} rendered; "
-          f"{in_process:.1f} s in process, {time.monotonic() - started:.1f} s in all")
+    print(
+        f"\n{len(site_cases)} site files, {len(cli_cases)} command lines, {len(scripts)} rendered; "
+        f"{in_process:.1f} s in process, {time.monotonic() - started:.1f} s in all"
+    )
     assert time.monotonic() - started < 60
 
 
@@ -348,12 +457,20 @@ def check_scripts(tmp_path: Path, scripts: dict[str, str], stubs: Path, run: lis
         if run is None or name in run:
             (folder / "run" / f"{name}.sh").write_text(text)
     marker = tmp_path / MARKER
-    driver = ('for f in "$1"/*.sh; do bash -n "$f" || echo "SYNTAX $f"; done; '
-              'for f in "$1"/run/*.sh; do [ -e "$f" ] || continue; timeout 20 bash "$f" </dev/null >/dev/null 2>&1; '
-              'if [ -e "$2" ]; then echo "INJECTED $f"; rm -f "$2"; fi; done')
+    driver = (
+        'for f in "$1"/*.sh; do bash -n "$f" || echo "SYNTAX $f"; done; '
+        'for f in "$1"/run/*.sh; do [ -e "$f" ] || continue; timeout 20 bash "$f" </dev/null >/dev/null 2>&1; '
+        'if [ -e "$2" ]; then echo "INJECTED $f"; rm -f "$2"; fi; done'
+    )
     env = {"PATH": f"{stubs}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1", "HOME": str(tmp_path)}
-    out = subprocess.run(["bash", "-c", driver, "driver", str(folder), str(marker)], capture_output=True, text=True,
-                         env=env, cwd=tmp_path, timeout=300)
+    out = subprocess.run(
+        ["bash", "-c", driver, "driver", str(folder), str(marker)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert "SYNTAX" not in out.stdout + out.stderr, out.stdout + out.stderr
     assert "INJECTED" not in out.stdout, out.stdout
 
@@ -370,19 +487,22 @@ def test_the_harness_sees_an_injected_command(tmp_path, monkeypatch, stubs):
         check_scripts(tmp_path, {"setup": script}, stubs)
 
 
-@pytest.mark.parametrize("args, site, fragment", [
-    (["validate", "--site", "{site}"], "bomb", "alias bomb"),
-    (["render", "--site", "{site}", "train.py"], "latin", "not UTF-8"),
-    (["render", "--site", "generic-slurm", "--job-root", "a\nb", "train.py"], None, "--job-root"),
-    (["sites"], "bomb", "INVALID"),
-])
+@pytest.mark.parametrize(
+    "args, site, fragment",
+    [
+        (["validate", "--site", "{site}"], "bomb", "alias bomb"),
+        (["render", "--site", "{site}", "train.py"], "latin", "not UTF-8"),
+        (["render", "--site", "generic-slurm", "--job-root", "a\nb", "train.py"], None, "--job-root"),
+        (["sites"], "bomb", "INVALID"),
+    ],
+)
 def test_no_traceback_reaches_stderr(tmp_path, args, site, fragment):
     (tmp_path / "train.py").write_text("print('hi')\n")
     folder = tmp_path / "sites"
     folder.mkdir()
     files = {
-        "bomb": 'a0: &a0 ["x","x","x","x","x","x","x","x","x"]\n' + "".join(
-            f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]\n" for i in range(1, 9)),
+        "bomb": 'a0: &a0 ["x","x","x","x","x","x","x","x","x"]\n'
+        + "".join(f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]\n" for i in range(1, 9)),
         "latin": "description: caf\xe9\n",
     }
     path = folder / f"{site}.yaml"
@@ -390,8 +510,14 @@ def test_no_traceback_reaches_stderr(tmp_path, args, site, fragment):
         path.write_bytes(files[site].encode("latin-1"))
     env = {**os.environ, "HPC_TRAIN_SITE_PATH": str(folder), "PYTHONPATH": str(REPO)}
     started = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "hpc_train", *[a.replace("{site}", str(path)) for a in args]],
-                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "hpc_train", *[a.replace("{site}", str(path)) for a in args]],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=60,
+    )
     assert time.monotonic() - started < 20
     assert "Traceback" not in out.stderr
     assert fragment in out.stdout + out.stderr

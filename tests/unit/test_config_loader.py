@@ -57,7 +57,9 @@ def test_every_problem_is_reported_at_once(site_dir):
 
 
 def test_cross_field_problems(site_dir):
-    write(site_dir / "mine.yaml", "default_partition: gpux\npartitions:\n  gpu:\n    nccl_profile: ibb\nnccl_profiles:\n  ib: {}\n")
+    write(
+        site_dir / "mine.yaml", "default_partition: gpux\npartitions:\n  gpu:\n    nccl_profile: ibb\nnccl_profiles:\n  ib: {}\n"
+    )
     with pytest.raises(ConfigError) as info:
         load_site("mine")
     text = str(info.value)
@@ -134,6 +136,7 @@ def test_invalid_env_names_and_safe_partition_names(site_dir):
 
 # --- site files are hostile input -------------------------------------------------------------------
 
+
 def _problems(site_dir, text: str | bytes, name: str = "mine") -> str:
     path = site_dir / f"{name}.yaml"
     path.write_bytes(text.encode() if isinstance(text, str) else text)
@@ -155,10 +158,16 @@ def test_site_sbatch_keys_are_checked_like_the_jobs(site_dir):
     assert "partitions.p.sbatch.a B" not in text and "'a b' is not an sbatch long option name" in text
 
 
-@pytest.mark.parametrize("value, found", [
-    ('"a\\x01"', "U+0001"), ('"x\\ny"', "U+000A (a newline)"), ('"evil\\u202egnp"', "U+202E RIGHT-TO-LEFT OVERRIDE"),
-    ('"zero\\u200bwidth"', "U+200B ZERO WIDTH SPACE"), ('"x\\u2028y"', "U+2028 LINE SEPARATOR"),
-])
+@pytest.mark.parametrize(
+    "value, found",
+    [
+        ('"a\\x01"', "U+0001"),
+        ('"x\\ny"', "U+000A (a newline)"),
+        ('"evil\\u202egnp"', "U+202E RIGHT-TO-LEFT OVERRIDE"),
+        ('"zero\\u200bwidth"', "U+200B ZERO WIDTH SPACE"),
+        ('"x\\u2028y"', "U+2028 LINE SEPARATOR"),
+    ],
+)
 def test_control_and_formatting_characters_are_refused_with_their_line(site_dir, value, found):
     text = _problems(site_dir, f"description: ok\npartitions:\n  p:\n    gpu_type: {value}\n    constraint: {value}\n")
     assert "mine.yaml:4: partitions.p.gpu_type: must not contain" in text and found in text
@@ -173,7 +182,8 @@ def test_setup_lines_may_be_a_multi_line_block(site_dir):
 
 def test_alias_bomb_is_refused_at_once(site_dir):
     bomb = 'a0: &a0 ["x","x","x","x","x","x","x","x","x"]\n' + "".join(
-        f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]\n" for i in range(1, 10))
+        f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]\n" for i in range(1, 10)
+    )
     import time
 
     started = time.monotonic()
@@ -182,26 +192,39 @@ def test_alias_bomb_is_refused_at_once(site_dir):
     assert "mine.yaml:6: this value holds more than 100000 values once its aliases are expanded" in text
 
 
-@pytest.mark.parametrize("yaml_text, fragment", [
-    ("env: &e {A: *e}\n", "mine.yaml:1: an alias refers to the value that contains it"),
-    ("backends:\n  torchrun: " + "{a: " * 80 + "1" + "}" * 80 + "\n", "mine.yaml:2: values are nested more than 64 levels"),
-    ("env: " + "[" * 2000 + "]" * 2000 + "\n", "YAML syntax error"),
-    ("master_port: !!int abc\n", "mine.yaml:1: master_port: cannot read 'abc' as a number"),
-    ("description: !!binary aGVsbG8=\n", "mine.yaml:1: description: YAML tag !!binary is not supported here"),
-    ("partitions:\n  3090: {}\n", "mine.yaml:2: partitions.3090: a key must be a name, this one is read as a number (quote it)"),
-    ("", "mine.yaml: the site file is empty"),
-    ("# only a comment\n", "mine.yaml: the site file is empty"),
-    ("extends: ./\n", "mine.yaml:1: extends: './' is a folder, not a site file"),
-    ("extends: ./nope.yaml\n", "mine.yaml:1: extends: no site file at './nope.yaml'"),
-    ("partitions:\n  p:\n    gpus_per_node: true\n", "mine.yaml:3: partitions.p.gpus_per_node: expected an integer, got True"),
-    ("partitions:\n  p:\n    mem_per_node: lots\n", "mine.yaml:3: partitions.p.mem_per_node: 'lots' is not a memory size"),
-    ("template: ../../etc/passwd\n", "mine.yaml:1: template: '../../etc/passwd' is not a template name"),
-    ('partitions:\n  p:\n    max_time: "1:00:00"\n    default_time: "2:00:00"\n',
-     "mine.yaml:4: partitions.p.default_time: 02:00:00 is longer than max_time 01:00:00"),
-    ("requeue: {enabled: true}\npartitions:\n  p: {default_time: 1}\n",
-     "mine.yaml:3: partitions.p.default_time: 00:01:00 leaves no time before the requeue warning"),
-    ("partitions:\n  p:\n    default_time: 1.5\n", "got 1.5 (quote it)"),
-])
+@pytest.mark.parametrize(
+    "yaml_text, fragment",
+    [
+        ("env: &e {A: *e}\n", "mine.yaml:1: an alias refers to the value that contains it"),
+        ("backends:\n  torchrun: " + "{a: " * 80 + "1" + "}" * 80 + "\n", "mine.yaml:2: values are nested more than 64 levels"),
+        ("env: " + "[" * 2000 + "]" * 2000 + "\n", "YAML syntax error"),
+        ("master_port: !!int abc\n", "mine.yaml:1: master_port: cannot read 'abc' as a number"),
+        ("description: !!binary aGVsbG8=\n", "mine.yaml:1: description: YAML tag !!binary is not supported here"),
+        (
+            "partitions:\n  3090: {}\n",
+            "mine.yaml:2: partitions.3090: a key must be a name, this one is read as a number (quote it)",
+        ),
+        ("", "mine.yaml: the site file is empty"),
+        ("# only a comment\n", "mine.yaml: the site file is empty"),
+        ("extends: ./\n", "mine.yaml:1: extends: './' is a folder, not a site file"),
+        ("extends: ./nope.yaml\n", "mine.yaml:1: extends: no site file at './nope.yaml'"),
+        (
+            "partitions:\n  p:\n    gpus_per_node: true\n",
+            "mine.yaml:3: partitions.p.gpus_per_node: expected an integer, got True",
+        ),
+        ("partitions:\n  p:\n    mem_per_node: lots\n", "mine.yaml:3: partitions.p.mem_per_node: 'lots' is not a memory size"),
+        ("template: ../../etc/passwd\n", "mine.yaml:1: template: '../../etc/passwd' is not a template name"),
+        (
+            'partitions:\n  p:\n    max_time: "1:00:00"\n    default_time: "2:00:00"\n',
+            "mine.yaml:4: partitions.p.default_time: 02:00:00 is longer than max_time 01:00:00",
+        ),
+        (
+            "requeue: {enabled: true}\npartitions:\n  p: {default_time: 1}\n",
+            "mine.yaml:3: partitions.p.default_time: 00:01:00 leaves no time before the requeue warning",
+        ),
+        ("partitions:\n  p:\n    default_time: 1.5\n", "got 1.5 (quote it)"),
+    ],
+)
 def test_broken_files_say_file_line_and_key(site_dir, yaml_text, fragment):
     assert fragment in _problems(site_dir, yaml_text)
 
@@ -222,8 +245,10 @@ def test_unquoted_times_mean_what_slurm_means(site_dir):
 
 
 def test_merge_keys_share_partition_settings(site_dir):
-    write(site_dir / "mine.yaml", "partitions:\n  a: &gpu\n    gpus_per_node: 8\n    max_nodes: 2\n"
-                                  "  b:\n    <<: *gpu\n    max_nodes: 4\n")
+    write(
+        site_dir / "mine.yaml",
+        "partitions:\n  a: &gpu\n    gpus_per_node: 8\n    max_nodes: 2\n  b:\n    <<: *gpu\n    max_nodes: 4\n",
+    )
     resolved = load_site("mine")
     assert resolved.config.partitions["b"].gpus_per_node == 8 and resolved.config.partitions["b"].max_nodes == 4
     assert resolved.provenance["partitions.b.max_nodes"][1] == 7
@@ -234,8 +259,11 @@ def test_a_bad_file_on_the_site_path_does_not_break_sites(site_dir):
     from hpc_train.cli.sites_cmd import run
 
     write(site_dir / "ok.yaml", "description: fine\n")
-    write(site_dir / "bomb.yaml", "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
-        f"{c}: &{c} [" + ", ".join([f"*{p}"] * 10) + "]\n" for p, c in zip("abcde", "bcdef")))
+    write(
+        site_dir / "bomb.yaml",
+        "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+        + "".join(f"{c}: &{c} [" + ", ".join([f"*{p}"] * 10) + "]\n" for p, c in zip("abcde", "bcdef")),
+    )
     write(site_dir / "ev\u202eil.yaml", "description: x\n")
     import contextlib
     import io

@@ -19,7 +19,7 @@ def test_the_template_spells_no_job_folder_name_itself():
     template = (REPO / "templates" / "sbatch" / "base.sh.j2").read_text()
     for key in WRITTEN_BY_THE_SCRIPT:
         assert f"{{{{ files.{key} }}}}" in template
-        assert not re.search(rf'JOB_FOLDER}}/{re.escape(getattr(contract, key))}\b', template), key
+        assert not re.search(rf"JOB_FOLDER}}/{re.escape(getattr(contract, key))}\b", template), key
 
 
 def test_the_rendered_script_uses_the_contracts_names(plugins):
@@ -73,8 +73,14 @@ def spelled_names(path: Path, own_constants: bool = False) -> Iterator[str]:
     unread = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
     if own_constants:
         unread |= {id(node.value) for node in tree.body if isinstance(node, ast.Assign)}
-    found = [node for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
-             and id(node) not in unread and node.value.startswith(PREFIX)]
+    found = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in unread
+        and node.value.startswith(PREFIX)
+    ]
     for node in sorted(found, key=lambda node: (node.lineno, node.col_offset)):
         yield f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}"
 
@@ -96,7 +102,9 @@ def test_a_plugin_names_its_own_variables_once_as_module_constants():
 def test_the_scan_sees_f_string_parts_and_skips_docstrings(tmp_path, monkeypatch):
     monkeypatch.setattr(f"{__name__}.REPO", tmp_path)
     source = tmp_path / "m.py"
-    source.write_text('"""HPC_TRAIN_DOC: a docstring"""\n'
-                      'def f(key):\n    """HPC_TRAIN_ALSO_DOC"""\n'
-                      '    return f"HPC_TRAIN_{key}_DIR", "x HPC_TRAIN_LATER", "HPC_TRAIN_PLAIN"\n')
+    source.write_text(
+        '"""HPC_TRAIN_DOC: a docstring"""\n'
+        'def f(key):\n    """HPC_TRAIN_ALSO_DOC"""\n'
+        '    return f"HPC_TRAIN_{key}_DIR", "x HPC_TRAIN_LATER", "HPC_TRAIN_PLAIN"\n'
+    )
     assert list(spelled_names(source)) == ["m.py:4: 'HPC_TRAIN_'", "m.py:4: 'HPC_TRAIN_PLAIN'"]

@@ -20,8 +20,11 @@ DATA = Path(__file__).resolve().parent / "data" / "nvidia_smi"
 
 
 def recorded(machine: str, nvlink_text: str | None = None):
-    files = {("nvidia-smi",): "nvidia-smi.txt", ("nvidia-smi", "topo", "-m"): "topo-m.txt",
-             ("nvidia-smi", "nvlink", "--status"): "nvlink-s.txt"}
+    files = {
+        ("nvidia-smi",): "nvidia-smi.txt",
+        ("nvidia-smi", "topo", "-m"): "topo-m.txt",
+        ("nvidia-smi", "nvlink", "--status"): "nvlink-s.txt",
+    }
 
     def run(cmd):
         if cmd[0] == "nvidia-smi" and any(c.startswith("--query-gpu") for c in cmd):
@@ -30,6 +33,7 @@ def recorded(machine: str, nvlink_text: str | None = None):
             return 0, nvlink_text
         name = files.get(tuple(cmd))
         return (0, (DATA / machine / name).read_text()) if name else (None, "")
+
     return run
 
 
@@ -66,10 +70,13 @@ def test_parse_header_query_and_nvlink():
     assert len(links) == 8 and len(links[0]) == 18 and links[7][17] == 26.562
 
 
-@pytest.mark.parametrize("machine, profile_env, nvlink_status", [
-    ("a100", {"NCCL_IB_HCA": "mlx5"}, OK),
-    ("h100", {"NCCL_NVLS_ENABLE": "1"}, OK),
-])
+@pytest.mark.parametrize(
+    "machine, profile_env, nvlink_status",
+    [
+        ("a100", {"NCCL_IB_HCA": "mlx5"}, OK),
+        ("h100", {"NCCL_NVLS_ENABLE": "1"}, OK),
+    ],
+)
 def test_nvlink_nodes_are_healthy(machine, profile_env, nvlink_status):
     checks = by_name(doctor.check_gpus(Context(env=profile_env, expected_gpus=8, in_job=True), recorded(machine)))
     assert checks["gpus"].status == OK and checks["gpus"].summary.startswith("8 x NVIDIA")
@@ -109,6 +116,7 @@ def test_fewer_gpus_than_the_partition_promises_fails_in_a_job():
 def test_no_gpu_is_said_plainly():
     def none(cmd):
         return None, ""
+
     [check] = doctor.check_gpus(Context(), none)
     assert check.status == OK and check.summary.startswith("no GPU on this machine")
     [check] = doctor.check_gpus(Context(expected_gpus=8, in_job=True), none)
@@ -116,18 +124,23 @@ def test_no_gpu_is_said_plainly():
 
 
 def test_driver_failure_is_a_failure():
-    [check] = doctor.check_gpus(Context(), lambda cmd: (9, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."))
+    [check] = doctor.check_gpus(
+        Context(), lambda cmd: (9, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.")
+    )
     assert check.status == FAIL and "couldn't communicate" in check.summary
 
 
-@pytest.mark.parametrize("build, driver_cuda, gpu, status", [
-    (("2.3.0+cu121", "12.1"), "12.2", True, OK),
-    (("2.5.0+cu124", "12.4"), "12.2", True, WARN),   # minor version compatibility
-    (("2.5.0+cu124", "12.4"), "11.8", True, FAIL),   # driver too old
-    (("2.5.0+cpu", None), "12.4", True, FAIL),       # CPU build on a GPU node
-    (("2.13.0+cpu", None), None, False, OK),
-    ((None, None), None, False, FAIL),
-])
+@pytest.mark.parametrize(
+    "build, driver_cuda, gpu, status",
+    [
+        (("2.3.0+cu121", "12.1"), "12.2", True, OK),
+        (("2.5.0+cu124", "12.4"), "12.2", True, WARN),  # minor version compatibility
+        (("2.5.0+cu124", "12.4"), "11.8", True, FAIL),  # driver too old
+        (("2.5.0+cpu", None), "12.4", True, FAIL),  # CPU build on a GPU node
+        (("2.13.0+cpu", None), None, False, OK),
+        ((None, None), None, False, FAIL),
+    ],
+)
 def test_version_matching(build, driver_cuda, gpu, status):
     assert doctor.check_versions(driver_cuda, gpu, [], build=build, nccl="2.21.5").status == status
 
@@ -215,7 +228,9 @@ def test_slurm_partition_state(plugins):
     check = doctor.check_slurm(Context(site=site), lambda cmd: outputs[cmd[1]])
     assert check.status == FAIL and "partition gpu is down" in check.summary
     assert "cpu: up, 1 drained, 1 idle" in check.details
-    check = doctor.check_slurm(Context(site=site), lambda cmd: (1, "sinfo: error: Unable to contact slurm controller (connect failure)"))
+    check = doctor.check_slurm(
+        Context(site=site), lambda cmd: (1, "sinfo: error: Unable to contact slurm controller (connect failure)")
+    )
     assert check.status == FAIL and "Unable to contact" in check.summary
 
 
@@ -237,11 +252,14 @@ def test_packages_per_backend(plugins):
 
 
 def test_doctor_cli_on_this_machine_without_gpu(python_env):
-    code = ("import sys, runpy; sys.argv=['hpc_train','doctor','--site','local','--json']\n"
-            "try: runpy.run_module('hpc_train', run_name='__main__')\nexcept SystemExit: pass\n"
-            "print('HEAVY=' + ','.join(m for m in ('torch','deepspeed','horovod') if m in sys.modules), file=sys.stderr)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=python_env,
-                         timeout=120, check=False)
+    code = (
+        "import sys, runpy; sys.argv=['hpc_train','doctor','--site','local','--json']\n"
+        "try: runpy.run_module('hpc_train', run_name='__main__')\nexcept SystemExit: pass\n"
+        "print('HEAVY=' + ','.join(m for m in ('torch','deepspeed','horovod') if m in sys.modules), file=sys.stderr)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=python_env, timeout=120, check=False
+    )
     report = json.loads(out.stdout)
     checks = {c["name"]: c for c in report["checks"]}
     assert checks["gpus"]["summary"].startswith("no GPU on this machine")

@@ -21,8 +21,7 @@ print(json.dumps({{"eps": [[e.name, e.value, e.distribution, e.version] for e in
 
 
 def probe(extra: list[str]) -> dict:
-    out = subprocess.run([sys.executable, "-c", PROBE.format(extra=extra)], capture_output=True, text=True,
-                         env=os.environ)
+    out = subprocess.run([sys.executable, "-c", PROBE.format(extra=extra)], capture_output=True, text=True, env=os.environ)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout)
 

@@ -9,8 +9,20 @@ from hpc_train.jobs.handle import JobHandle, JobRecord
 
 
 def handle_for(folder, nodes=2, procs=2, tasks=1) -> JobHandle:
-    return JobHandle(JobRecord(job_id="5", folder=str(folder), scheduler="slurm", kind="script", site="s",
-                               backend="torchrun", nodes=nodes, procs_per_node=procs, tasks_per_node=tasks, job_name="j"))
+    return JobHandle(
+        JobRecord(
+            job_id="5",
+            folder=str(folder),
+            scheduler="slurm",
+            kind="script",
+            site="s",
+            backend="torchrun",
+            nodes=nodes,
+            procs_per_node=procs,
+            tasks_per_node=tasks,
+            job_name="j",
+        )
+    )
 
 
 def test_prefix_names_the_ranks_a_task_runs():

@@ -64,9 +64,22 @@ def run_begins(folder: Path, clock: Clock, run: int, job: str = "77", host: str 
     batch_log(folder, job, f"run {run} of job {job} on {host} at {date} (restart budget 3)")
 
 
-def train(folder: Path, clock: Clock, *, run: int, steps: int, start_step: int = 0, step_s: float = 10.0,
-          warmup_s: float = 30.0, startup_s: float = 20.0, save_every: int | None = None, save_s: float = 0.0,
-          slow_rank: float | None = None, end: bool = True, job: str = "77") -> metrics.MetricsRecorder:
+def train(
+    folder: Path,
+    clock: Clock,
+    *,
+    run: int,
+    steps: int,
+    start_step: int = 0,
+    step_s: float = 10.0,
+    warmup_s: float = 30.0,
+    startup_s: float = 20.0,
+    save_every: int | None = None,
+    save_s: float = 0.0,
+    slow_rank: float | None = None,
+    end: bool = True,
+    job: str = "77",
+) -> metrics.MetricsRecorder:
     """One run of rank 0's recorder: start-up, ``steps`` steps, saves (a stall in the step after each)."""
     clock.sleep(startup_s)
     rec = metrics.MetricsRecorder(folder / contract.METRICS, rank=0, world_size=4, run=run, job_id=job, flush_s=1e9)
@@ -74,13 +87,22 @@ def train(folder: Path, clock: Clock, *, run: int, steps: int, start_step: int =
     rec._last_prom = math.inf
     rec.start_at(start_step)
     if slow_rank is not None:
+
         def gather(mine):
             value, _, group = mine
             return [(value, "n1", group), (value, "n1", group), (value, "n2", group), (value * slow_rank, "n2", group)]
 
         rec.straggler = straggler.StragglerMonitor(
-            straggler.Settings(0.2, 10), rank=0, world_size=4, gather=gather, seconds=metrics.union_seconds,
-            gather_numbers=lambda v: [v, v, v, v * slow_rank], folder=folder / contract.METRICS, run=run, host="n1")
+            straggler.Settings(0.2, 10),
+            rank=0,
+            world_size=4,
+            gather=gather,
+            seconds=metrics.union_seconds,
+            gather_numbers=lambda v: [v, v, v, v * slow_rank],
+            folder=folder / contract.METRICS,
+            run=run,
+            host="n1",
+        )
     for i in range(steps):
         rec.on_backward(1.0)
         clock.sleep(warmup_s if i == 0 else step_s)
@@ -111,14 +133,36 @@ def sacct_line(job: str, state: str, start: float, end: float | None, submit: fl
     def fmt(t: float | None) -> str:
         return datetime.fromtimestamp(t).isoformat(timespec="seconds") if t is not None else "Unknown"
 
-    return "|".join([job, state, "0:0", fmt(submit), fmt(start), fmt(end), "n[1-2]", str(nodes),
-                     f"billing={gpus},cpu=16,gres/gpu={gpus},mem=64G,node={nodes}"])
+    return "|".join(
+        [
+            job,
+            state,
+            "0:0",
+            fmt(submit),
+            fmt(start),
+            fmt(end),
+            "n[1-2]",
+            str(nodes),
+            f"billing={gpus},cpu=16,gres/gpu={gpus},mem=64G,node={nodes}",
+        ]
+    )
 
 
 def record(folder: Path, **extra) -> None:
     """The job record as submit writes it, plus fields the site would add (gpus_per_node, price)."""
-    JobRecord(job_id="77", folder=str(folder), scheduler="slurm", kind="script", site="bluecloud", backend="torchrun",
-              nodes=2, procs_per_node=2, tasks_per_node=1, job_name="t", submitted_at=T0 - 100).save()
+    JobRecord(
+        job_id="77",
+        folder=str(folder),
+        scheduler="slurm",
+        kind="script",
+        site="bluecloud",
+        backend="torchrun",
+        nodes=2,
+        procs_per_node=2,
+        tasks_per_node=1,
+        job_name="t",
+        submitted_at=T0 - 100,
+    ).save()
     if extra:
         path = folder / contract.RECORD
         path.write_text(json.dumps({**json.loads(path.read_text()), **extra}))
@@ -159,9 +203,13 @@ def test_a_preempted_run_requeued_recomputes_the_steps_after_its_checkpoint(tmp_
     (tmp_path / contract.RUN_START_STEP).write_text("2 20\n")
     train(tmp_path, clock, run=2, steps=30, start_step=20)
     (tmp_path / contract.LAST_RUN).write_text("2 0 ended\n")
-    sacct = "\n".join([sacct_line("77", "PREEMPTED", T0, first_end, T0 - 100),
-                       sacct_line("77", "COMPLETED", second_start, clock.t, first_end),
-                       sacct_line("77.batch", "COMPLETED", second_start, clock.t, first_end)])
+    sacct = "\n".join(
+        [
+            sacct_line("77", "PREEMPTED", T0, first_end, T0 - 100),
+            sacct_line("77", "COMPLETED", second_start, clock.t, first_end),
+            sacct_line("77.batch", "COMPLETED", second_start, clock.t, first_end),
+        ]
+    )
     g = goodput.summarize(goodput.read(tmp_path), goodput.parse_sacct(sacct, "77"))
     assert len(g.allocations) == 2 and g.requeues == 1
     assert g.queue_wait_s == pytest.approx(120, abs=1)
@@ -195,12 +243,22 @@ def hang(folder: Path, clock: Clock, run: int, quiet_s: float = 300.0, start_ste
     last = clock.t
     clock.sleep(quiet_s)
     beats = {0: {"host": "n1", "steps": 30, "at": last}, 1: {"host": "n2", "steps": 29, "at": last - 10}}
-    settings = watchdog.Settings(job_folder=folder, heartbeats=folder / contract.HEARTBEATS, run=run, world=2,
-                                 timeout=quiet_s, stop_file=None, job_id="77")
-    culprit = Culprit(1, "n2", "stopped at step 29 of this run; the others reached 30", 29,
-                      ['File "train.py", line 65 in main', 'File "train.py", line 80 in <module>'])
-    watchdog.report(settings, {"run": run, "quiet_s": quiet_s, "limit_s": quiet_s, "limit": "--hang-timeout",
-                               "beats": beats}, folder / contract.DUMPS / f"run-{run}", [culprit])
+    settings = watchdog.Settings(
+        job_folder=folder, heartbeats=folder / contract.HEARTBEATS, run=run, world=2, timeout=quiet_s, stop_file=None, job_id="77"
+    )
+    culprit = Culprit(
+        1,
+        "n2",
+        "stopped at step 29 of this run; the others reached 30",
+        29,
+        ['File "train.py", line 65 in main', 'File "train.py", line 80 in <module>'],
+    )
+    watchdog.report(
+        settings,
+        {"run": run, "quiet_s": quiet_s, "limit_s": quiet_s, "limit": "--hang-timeout", "beats": beats},
+        folder / contract.DUMPS / f"run-{run}",
+        [culprit],
+    )
     clock.sleep(5)  # the kill
 
 
@@ -222,8 +280,10 @@ def test_a_hang_is_timed_from_the_last_activity_and_its_culprit_named(tmp_path, 
     assert g.steps_recomputed == 10 and g.lost_s["recomputed"] == pytest.approx(100)
     first = g.runs[0]
     assert first.ended == "hang" and first.hang is not None
-    assert first.how == ('hang (no rank active for 300 s): rank 1 on n2, last step 29, at File "train.py", line 65 in main '
-                         "(stopped at step 29 of this run; the others reached 30); requeued")
+    assert first.how == (
+        'hang (no rank active for 300 s): rank 1 on n2, last step 29, at File "train.py", line 65 in main '
+        "(stopped at step 29 of this run; the others reached 30); requeued"
+    )
     assert first.suspects == ["n2 (hang, excluded)"]
     assert g.runs[1].ended == "completed" and g.runs[1].suspects == []
     text = "\n".join(goodput.format_lines(goodput.as_dict(g)))
@@ -240,8 +300,19 @@ def test_a_crash_restarted_inside_the_allocation_costs_no_queue_wait(tmp_path, c
     beats = tmp_path / contract.HEARTBEATS
     beats.mkdir()
     for rank, host, error in ((0, "n1", "DistBackendError: peer gone"), (1, "n2", "RuntimeError: CUDA error: ECC")):
-        (beats / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "run": 1, "host": host, "steps": 15,
-                                                             "at": clock.t + rank * -0.5, "state": "failed", "error": error}))
+        (beats / f"rank-{rank}.json").write_text(
+            json.dumps(
+                {
+                    "rank": rank,
+                    "run": 1,
+                    "host": host,
+                    "steps": 15,
+                    "at": clock.t + rank * -0.5,
+                    "state": "failed",
+                    "error": error,
+                }
+            )
+        )
     health.name_crash_culprit(tmp_path, beats, 1, {})  # the failure path names n2 as it does in the job
     batch_log(tmp_path, "77", "run 1 failed (exit 1); restarting inside the allocation", stream="err")
     run_begins(tmp_path, clock, 2)
@@ -277,10 +348,16 @@ def test_garbled_files_are_named_not_raised(tmp_path, clock):
     (tmp_path / contract.METRICS / contract.STRAGGLERS).write_text('{"rank": 1, "ho')
     g = goodput.load(tmp_path)
     notes = "\n".join(g.notes)
-    for fragment in ("metrics/steps.jsonl: 2 unreadable line(s) skipped", "hpc_train.json: not a JSON object",
-                     "hangs.jsonl: 1 unreadable line(s) skipped", "runs: not a number", "last_run: not 'RUN STATUS",
-                     "run_start_step: not 'RUN STEP'", "metrics/stragglers.jsonl: 1 unreadable line(s) skipped",
-                     "no job record to ask sacct with"):
+    for fragment in (
+        "metrics/steps.jsonl: 2 unreadable line(s) skipped",
+        "hpc_train.json: not a JSON object",
+        "hangs.jsonl: 1 unreadable line(s) skipped",
+        "runs: not a number",
+        "last_run: not 'RUN STATUS",
+        "run_start_step: not 'RUN STEP'",
+        "metrics/stragglers.jsonl: 1 unreadable line(s) skipped",
+        "no job record to ask sacct with",
+    ):
         assert fragment in notes, notes
     assert [r.run for r in g.runs] == [1] and g.runs[0].last_step == 5
     assert "  note            runs: not a number ('many')" in "\n".join(goodput.format_lines(goodput.as_dict(g)))
@@ -301,14 +378,20 @@ def test_sacct_that_is_missing_is_a_note(tmp_path, monkeypatch):
 
 def test_the_batch_script_still_says_what_the_log_parser_reads():
     template = (REPO / "templates" / "sbatch" / "base.sh.j2").read_text()
-    for said in ('"hpc_train: run ${HPC_TRAIN_RUN} of job ${SLURM_JOB_ID} on $(hostname) at $(date -Is)',
-                 '"hpc_train: run ${HPC_TRAIN_RUN} failed (exit ${status}); restarting inside the allocation"',
-                 '"hpc_train: run ${HPC_TRAIN_RUN} failed (exit ${status}); requeueing"',
-                 'not starting run ${HPC_TRAIN_RUN}"', 'echo "${HPC_TRAIN_RUN} ${status} ended" >'):
+    for said in (
+        '"hpc_train: run ${HPC_TRAIN_RUN} of job ${SLURM_JOB_ID} on $(hostname) at $(date -Is)',
+        '"hpc_train: run ${HPC_TRAIN_RUN} failed (exit ${status}); restarting inside the allocation"',
+        '"hpc_train: run ${HPC_TRAIN_RUN} failed (exit ${status}); requeueing"',
+        'not starting run ${HPC_TRAIN_RUN}"',
+        'echo "${HPC_TRAIN_RUN} ${status} ended" >',
+    ):
         assert said in template, said
     log = goodput.BatchLog()
     goodput.parse_log_line("hpc_train: run 3 of job 9 on n4 at 2024-05-01T12:00:00+00:00 (restart budget 3)", log)
-    goodput.parse_log_line("hpc_train: run 3 failed (exit 1): run 3 was a restart and failed without getting past "
-                           "step 100; not requeueing: it would fail the same way", log)
+    goodput.parse_log_line(
+        "hpc_train: run 3 failed (exit 1): run 3 was a restart and failed without getting past "
+        "step 100; not requeueing: it would fail the same way",
+        log,
+    )
     assert log.starts[3][1] == "n4" and log.starts[3][0] == pytest.approx(1714564800)
     assert log.failures[3] == (1, "not retried: run 3 was a restart and failed without getting past step 100")

@@ -80,9 +80,11 @@ def test_when_everyone_waits_nobody_is_named():
 
 
 def test_a_crash_on_one_node_names_it_not_the_peers_that_lost_it():
-    beats = {0: beat(0, "n1", state="failed", at=100.2, error="DistBackendError: Connection closed by peer"),
-             1: beat(1, "n2", state="failed", at=100.0, error="RuntimeError: CUDA error: uncorrectable ECC error"),
-             2: beat(2, "n3", state="failed", at=100.3, error="RuntimeError: [../gloo/transport] Connection reset")}
+    beats = {
+        0: beat(0, "n1", state="failed", at=100.2, error="DistBackendError: Connection closed by peer"),
+        1: beat(1, "n2", state="failed", at=100.0, error="RuntimeError: CUDA error: uncorrectable ECC error"),
+        2: beat(2, "n3", state="failed", at=100.3, error="RuntimeError: [../gloo/transport] Connection reset"),
+    }
     [culprit] = first_failures(beats)
     assert (culprit.rank, culprit.host) == (1, "n2") and "ECC" in culprit.reason
 
@@ -102,18 +104,25 @@ def test_a_lone_host_is_not_blamed_for_its_own_job():
 
 
 def _record(*entries: tuple[str, int, str]) -> dict:
-    return {"entries": [{"process_group": [group, "pg"], "collective_seq_id": seq, "profiling_name": name,
-                         "is_p2p": False} for group, seq, name in entries]}
+    return {
+        "entries": [
+            {"process_group": [group, "pg"], "collective_seq_id": seq, "profiling_name": name, "is_p2p": False}
+            for group, seq, name in entries
+        ]
+    }
 
 
 def test_the_flight_recorder_names_ranks_behind_in_one_process_group():
     from hpc_train.runtime.hang_report import behind_in_collectives
 
-    flight = {0: _record(("0", 41, "nccl:all_reduce"), ("1", 7, "nccl:all_gather")),
-              1: _record(("0", 41, "nccl:all_reduce"), ("1", 6, "nccl:all_gather")),
-              2: _record(("0", 41, "nccl:all_reduce"))}  # not in group 1 at all: not compared there
+    flight = {
+        0: _record(("0", 41, "nccl:all_reduce"), ("1", 7, "nccl:all_gather")),
+        1: _record(("0", 41, "nccl:all_reduce"), ("1", 6, "nccl:all_gather")),
+        2: _record(("0", 41, "nccl:all_reduce")),
+    }  # not in group 1 at all: not compared there
     assert behind_in_collectives(flight) == {
-        1: "has not entered collective #7 (nccl:all_gather, process group 1) that the others wait in; its last was #6"}
+        1: "has not entered collective #7 (nccl:all_gather, process group 1) that the others wait in; its last was #6"
+    }
 
 
 def test_equal_flight_records_or_point_to_point_only_name_nobody():

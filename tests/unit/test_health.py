@@ -48,14 +48,27 @@ def test_failed_writes_the_no_retry_file_and_names_the_crashed_node(tmp_path):
     beats = tmp_path / "heartbeats"
     beats.mkdir()
     for rank, host, error in ((0, "n1", "DistBackendError: Connection closed by peer"), (1, "n2", "RuntimeError: ECC")):
-        record = {"rank": rank, "host": host, "run": 2, "steps": 0, "at": time.time() + rank * 0.1,
-                  "state": "failed", "error": error}
+        record = {
+            "rank": rank,
+            "host": host,
+            "run": 2,
+            "steps": 0,
+            "at": time.time() + rank * 0.1,
+            "state": "failed",
+            "error": error,
+        }
         (beats / f"rank-{rank}.json").write_text(json.dumps(record))
     record_start(tmp_path, 2)
-    env = {**os.environ, "HPC_TRAIN_JOB_FOLDER": str(tmp_path), "HPC_TRAIN_RUN": "2",
-           "HPC_TRAIN_HEARTBEATS": str(beats), "HPC_TRAIN_NO_RETRY_FILE": str(tmp_path / "no_retry")}
-    out = subprocess.run([sys.executable, "-m", "hpc_train.runtime.health", "failed"], env=env,
-                         capture_output=True, text=True, timeout=60)
+    env = {
+        **os.environ,
+        "HPC_TRAIN_JOB_FOLDER": str(tmp_path),
+        "HPC_TRAIN_RUN": "2",
+        "HPC_TRAIN_HEARTBEATS": str(beats),
+        "HPC_TRAIN_NO_RETRY_FILE": str(tmp_path / "no_retry"),
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "hpc_train.runtime.health", "failed"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert "failed without getting past the start" in (tmp_path / "no_retry").read_text()
     [suspect] = [json.loads(line) for line in (tmp_path / "suspect_nodes.jsonl").read_text().splitlines()]

@@ -16,11 +16,14 @@ from hpc_train.testing import make_plugins
 from tests.conftest import REPO
 
 
-@pytest.mark.parametrize("text, layout", [
-    ("dp=2,tp=2,pp=1", Layout(2, 2, 1)),
-    (" tp=2 , pp=2 ", Layout(1, 2, 2)),
-    ({"dp": 4}, Layout(4, 1, 1)),
-])
+@pytest.mark.parametrize(
+    "text, layout",
+    [
+        ("dp=2,tp=2,pp=1", Layout(2, 2, 1)),
+        (" tp=2 , pp=2 ", Layout(1, 2, 2)),
+        ({"dp": 4}, Layout(4, 1, 1)),
+    ],
+)
 def test_parse(text, layout):
     assert parse(text) == layout
 
@@ -31,14 +34,17 @@ def test_dp_left_out_takes_what_the_world_leaves():
     assert canonical("pp=2, tp=2") == "tp=2,pp=2" and canonical({"dp": 2, "tp": 2}) == "dp=2,tp=2"
 
 
-@pytest.mark.parametrize("text, fragment, hint", [
-    ("dp=2,tq=2", "unknown axis 'tq'", "did you mean 'tp'?"),
-    ("dp=2,dp=2", "axis 'dp' given twice", None),
-    ("dp=two", "dp='two': expected a whole number ≥ 1", None),
-    ("dp=0", "dp='0': expected a whole number ≥ 1", None),
-    ("dp:2", "expected AXIS=N items", None),
-    ("", "parallel layout is empty", None),
-])
+@pytest.mark.parametrize(
+    "text, fragment, hint",
+    [
+        ("dp=2,tq=2", "unknown axis 'tq'", "did you mean 'tp'?"),
+        ("dp=2,dp=2", "axis 'dp' given twice", None),
+        ("dp=two", "dp='two': expected a whole number ≥ 1", None),
+        ("dp=0", "dp='0': expected a whole number ≥ 1", None),
+        ("dp:2", "expected AXIS=N items", None),
+        ("", "parallel layout is empty", None),
+    ],
+)
 def test_bad_layouts_say_what_is_wrong(text, fragment, hint):
     with pytest.raises(UsageError) as info:
         parse(text)
@@ -50,15 +56,18 @@ def test_mesh_order_keeps_tp_innermost():
     layout = Layout(dp=2, tp=2, pp=2)
     assert layout.shape == (2, 2, 2)
     assert [layout.coordinates(r) for r in (0, 1, 2, 5)] == [
-        {"pp": 0, "dp": 0, "tp": 0}, {"pp": 0, "dp": 0, "tp": 1}, {"pp": 0, "dp": 1, "tp": 0}, {"pp": 1, "dp": 0, "tp": 1}]
+        {"pp": 0, "dp": 0, "tp": 0},
+        {"pp": 0, "dp": 0, "tp": 1},
+        {"pp": 0, "dp": 1, "tp": 0},
+        {"pp": 1, "dp": 0, "tp": 1},
+    ]
 
 
 def check(value, nodes=2, procs=2, gpus=0, backend="torchrun", backend_axes=None):
     axes = {name: cls.parallel_axes for name, cls in make_plugins().backends.items()}  # what the plugins declare
     if backend_axes is not None:
         axes[backend] = backend_axes
-    return problems(value, nodes=nodes, procs_per_node=procs, gpus_per_node=gpus, backend=backend,
-                    axes_by_backend=axes)
+    return problems(value, nodes=nodes, procs_per_node=procs, gpus_per_node=gpus, backend=backend, axes_by_backend=axes)
 
 
 def test_layout_must_fill_the_job():
@@ -76,10 +85,14 @@ def test_tensor_parallel_stays_inside_a_gpu_node():
 def test_backends_without_the_axis_are_told_which_have_it():
     found = check("dp=2,pp=2", backend="deepspeed")[1]
     assert found == [] and check("dp=2,tp=2", backend="deepspeed")[1] == [
-        ("backend 'deepspeed' has no tensor parallel (tp=2)", "use --backend torchrun")]
+        ("backend 'deepspeed' has no tensor parallel (tp=2)", "use --backend torchrun")
+    ]
     assert check("dp=4", backend="horovod")[1] == [
-        ("backend 'horovod' takes no parallel layout (it is data parallel over all processes)",
-         "drop --parallel, or use --backend deepspeed or torchrun")]
+        (
+            "backend 'horovod' takes no parallel layout (it is data parallel over all processes)",
+            "drop --parallel, or use --backend deepspeed or torchrun",
+        )
+    ]
     assert check("dp=4", backend="mine", backend_axes=("dp", "pp"))[1] == []  # a plugin's own declaration
 
 
@@ -108,11 +121,32 @@ def test_plan_reports_layout_problems_with_the_rest(plugins):
 def test_cli_rejects_a_bad_layout_before_anything_runs(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
-    out = subprocess.run([sys.executable, "-m", "hpc_train", "render", "--site", "sandbox", "--nodes", "2",
-                          "--procs-per-node", "2", "--parallel", "dp=2,tp=3", str(script)],
-                         capture_output=True, text=True, cwd=REPO)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpc_train",
+            "render",
+            "--site",
+            "sandbox",
+            "--nodes",
+            "2",
+            "--procs-per-node",
+            "2",
+            "--parallel",
+            "dp=2,tp=3",
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert out.returncode == 78 and "Traceback" not in out.stderr
     assert "parallel: dp=2,tp=3,pp=1 is 6 processes, but the job has 4" in out.stderr
-    out = subprocess.run([sys.executable, "-m", "hpc_train", "render", "--site", "sandbox", "--parallel", "dq=1",
-                          str(script)], capture_output=True, text=True, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-m", "hpc_train", "render", "--site", "sandbox", "--parallel", "dq=1", str(script)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert out.returncode == 78 and "unknown axis 'dq'" in out.stderr and "did you mean 'dp'" in out.stderr

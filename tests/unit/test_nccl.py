@@ -42,9 +42,15 @@ def env_of(plan):
     return {v.name: (v.value, v.source) for v in plan.env}
 
 
-@pytest.mark.parametrize("typo, meant", [("NCCL_IB_HAC", "NCCL_IB_HCA"), ("NCCL_SOCKET_IFNAM", "NCCL_SOCKET_IFNAME"),
-                                         ("TORCH_NCCL_ASYNC_ERROR_HANDLNG", "TORCH_NCCL_ASYNC_ERROR_HANDLING"),
-                                         ("NCCL_P2P_DISABEL", "NCCL_P2P_DISABLE")])
+@pytest.mark.parametrize(
+    "typo, meant",
+    [
+        ("NCCL_IB_HAC", "NCCL_IB_HCA"),
+        ("NCCL_SOCKET_IFNAM", "NCCL_SOCKET_IFNAME"),
+        ("TORCH_NCCL_ASYNC_ERROR_HANDLNG", "TORCH_NCCL_ASYNC_ERROR_HANDLING"),
+        ("NCCL_P2P_DISABEL", "NCCL_P2P_DISABLE"),
+    ],
+)
 def test_a_misspelt_variable_is_an_error_naming_the_real_one(typo, meant):
     issue = nccl.check_name(typo)
     assert issue is not None and issue.error and meant in issue.hint

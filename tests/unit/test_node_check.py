@@ -68,8 +68,10 @@ def test_a_job_folder_that_does_not_answer_fails_within_the_timeout(tmp_path):
 
 
 def reports_of(tmp_path, states: dict[str, str], env: dict[str, str]) -> list:
-    return [node_check.check_node(tmp_path / "job", env, sys_tree(tmp_path / f"sys-{host}", {"hpc0": state}), host=host)
-            for host, state in states.items()]
+    return [
+        node_check.check_node(tmp_path / "job", env, sys_tree(tmp_path / f"sys-{host}", {"hpc0": state}), host=host)
+        for host, state in states.items()
+    ]
 
 
 def test_judge_names_failed_and_silent_nodes_as_suspects_and_records_the_reports(tmp_path):

@@ -50,10 +50,15 @@ def test_a_process_that_is_gone_says_why():
 
 def test_on_slurm_it_runs_on_the_ranks_node_beside_the_hung_step():
     argv = command("/venv/bin/py-spy", "n2", 4242, "17")
-    assert argv[:7] == ["srun", "--overlap", "--jobid=17", "--nodes=1", "--ntasks=1", "--nodelist=n2",
-                        "--kill-on-bad-exit=0"]
-    assert argv[argv.index("/venv/bin/py-spy"):] == ["/venv/bin/py-spy", "dump", "--pid", "4242", "--nonblocking",
-                                                     "--full-filenames"]
+    assert argv[:7] == ["srun", "--overlap", "--jobid=17", "--nodes=1", "--ntasks=1", "--nodelist=n2", "--kill-on-bad-exit=0"]
+    assert argv[argv.index("/venv/bin/py-spy") :] == [
+        "/venv/bin/py-spy",
+        "dump",
+        "--pid",
+        "4242",
+        "--nonblocking",
+        "--full-filenames",
+    ]
 
 
 def test_lines_that_are_not_frames_are_left_out():

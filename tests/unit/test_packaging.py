@@ -14,8 +14,9 @@ from tests.conftest import REPO, write
 @pytest.mark.slow
 def test_wheel_installs_into_a_fresh_venv_and_renders(tmp_path):
     dist = tmp_path / "dist"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(REPO)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(REPO)], check=True, capture_output=True
+    )
     [wheel] = dist.glob("hpc_train-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "hpc_train/templates/sbatch/base.sh.j2" in names
@@ -30,9 +31,25 @@ def test_wheel_installs_into_a_fresh_venv_and_renders(tmp_path):
 
     elsewhere = tmp_path / "project"
     write(elsewhere / "train.py", "print('hi')\n")
-    out = subprocess.run([str(venv / "bin" / "python"), "-m", "hpc_train", "render", "--site", "bluecloud",
-                          "--nodes", "2", "train.py", "--", "--lr", "1e-4"],
-                         capture_output=True, text=True, cwd=elsewhere)
+    out = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-m",
+            "hpc_train",
+            "render",
+            "--site",
+            "bluecloud",
+            "--nodes",
+            "2",
+            "train.py",
+            "--",
+            "--lr",
+            "1e-4",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=elsewhere,
+    )
     assert out.returncode == 0, out.stderr
     assert "#SBATCH --gres=gpu:a100:8" in out.stdout and "torch.distributed.run" in out.stdout
     sites = subprocess.run([str(venv / "bin" / "hpc-train"), "sites"], capture_output=True, text=True, cwd=elsewhere)

@@ -86,17 +86,20 @@ def test_local_site_is_one_node(plugins):
     assert "--nodes 1" in str(info.value)
 
 
-@pytest.mark.parametrize("options, fragment", [
-    ({"nodes": 0}, "--nodes: expected a number ≥ 1, got 0"),
-    ({"time": "12h"}, "--time: malformed time '12h'"),
-    ({"job_name": "x\n#SBATCH --qos=high"}, "--job-name: must not contain newlines"),
-    ({"sbatch": {"nodes": "3"}}, "--nodes is set by hpc_train"),
-    ({"sbatch": {"mail type": "END"}}, "is not an sbatch long option name"),
-    ({"env": {"1BAD": "x"}}, "not a valid environment variable name"),
-    ({"hang_timeout": "soon"}, "'soon' is not a duration: give seconds (300), 300s, 5m, 1h, or off"),
-    ({"hang_timeout": "-5"}, "is not a duration"),
-    ({"straggler_threshold": 11}, "--straggler-threshold"),
-])
+@pytest.mark.parametrize(
+    "options, fragment",
+    [
+        ({"nodes": 0}, "--nodes: expected a number ≥ 1, got 0"),
+        ({"time": "12h"}, "--time: malformed time '12h'"),
+        ({"job_name": "x\n#SBATCH --qos=high"}, "--job-name: must not contain newlines"),
+        ({"sbatch": {"nodes": "3"}}, "--nodes is set by hpc_train"),
+        ({"sbatch": {"mail type": "END"}}, "is not an sbatch long option name"),
+        ({"env": {"1BAD": "x"}}, "not a valid environment variable name"),
+        ({"hang_timeout": "soon"}, "'soon' is not a duration: give seconds (300), 300s, 5m, 1h, or off"),
+        ({"hang_timeout": "-5"}, "is not a duration"),
+        ({"straggler_threshold": 11}, "--straggler-threshold"),
+    ],
+)
 def test_bad_job_options(options, fragment):
     with pytest.raises(ConfigError) as info:
         make_job(script="train.py", **options)
@@ -171,28 +174,37 @@ def test_hang_watchdog_and_health_settings_reach_the_job(plugins):
     given = plan(plugins, site="sandbox", hang_timeout="5m", straggler_threshold=0.5)
     env = {e.name: e.value for e in given.env}
     assert env["HPC_TRAIN_HANG_TIMEOUT"] == "300" and env["HPC_TRAIN_STRAGGLER_THRESHOLD"] == "0.5"
-    for off in (plan(plugins, site="sandbox", hang_timeout="off"), plan(plugins, site="sandbox", requeue=False),
-                plan(plugins, site="local")):
+    for off in (
+        plan(plugins, site="sandbox", hang_timeout="off"),
+        plan(plugins, site="sandbox", requeue=False),
+        plan(plugins, site="local"),
+    ):
         assert not off.watchdog and "hpc_train.runtime.watchdog" not in render(off, ())
         assert "HPC_TRAIN_HANG_TIMEOUT" not in {e.name for e in off.env}
 
 
-@pytest.mark.parametrize("value, directive", [
-    ("12:00:00", "12:00:00"),
-    ("90", "01:30:00"),  # the CLI's --time 90: sbatch's minutes, as before
-    (timedelta(hours=1), "01:00:00"),
-    (timedelta(days=2, minutes=30), "2-00:30:00"),
-])
+@pytest.mark.parametrize(
+    "value, directive",
+    [
+        ("12:00:00", "12:00:00"),
+        ("90", "01:30:00"),  # the CLI's --time 90: sbatch's minutes, as before
+        (timedelta(hours=1), "01:00:00"),
+        (timedelta(days=2, minutes=30), "2-00:30:00"),
+    ],
+)
 def test_time_takes_slurm_strings_and_timedeltas(plugins, value, directive):
     assert ("time", directive) in plan(plugins, nodes=1, time=value).directives
 
 
-@pytest.mark.parametrize("value, fragment", [
-    (3600, "time=3600 is ambiguous (minutes or seconds?): give '01:00:00' or timedelta(hours=1)"),
-    (90, "give '00:01:30' or timedelta(seconds=90)"),
-    (2.5, "time=2.5 is ambiguous"),
-    (timedelta(0), "expected a positive whole number of seconds"),
-])
+@pytest.mark.parametrize(
+    "value, fragment",
+    [
+        (3600, "time=3600 is ambiguous (minutes or seconds?): give '01:00:00' or timedelta(hours=1)"),
+        (90, "give '00:01:30' or timedelta(seconds=90)"),
+        (2.5, "time=2.5 is ambiguous"),
+        (timedelta(0), "expected a positive whole number of seconds"),
+    ],
+)
 def test_time_refuses_a_bare_number(value, fragment):
     with pytest.raises(ConfigError) as info:
         make_job(script="train.py", time=value)
@@ -228,7 +240,9 @@ def test_mem_and_cpus_beyond_the_partitions_nodes(plugins):
     problems = {p.key: p for p in info.value.problems}
     assert problems["--mem"].message == "2T per node, but partition 'a100' has 1000G per node"
     assert problems["--mem"].hint.startswith("use --mem 1000G or less")
-    assert "200 CPUs x 1 task(s) per node = 200, but partition 'a100' has 128 CPUs per node" in problems["--cpus-per-task"].message
+    assert (
+        "200 CPUs x 1 task(s) per node = 200, but partition 'a100' has 128 CPUs per node" in problems["--cpus-per-task"].message
+    )
     assert problems["--cpus-per-task"].hint == "use --cpus-per-task 128 or fewer"
     with pytest.raises(ConfigError, match="20 CPUs x 8 task") as info:  # mpi: one task per process
         plan(plugins, backend="mpi", cpus_per_task=20)
@@ -238,11 +252,14 @@ def test_mem_and_cpus_beyond_the_partitions_nodes(plugins):
     assert plan(plugins, site="sandbox", mem="999T").job.mem == "999T"  # no memory figure in the site: no check
 
 
-@pytest.mark.parametrize("value, fragment", [
-    ("lots", "'lots' is not a memory size: a number of megabytes (64000), or one with a unit K, M, G or T (500G)"),
-    ("5 GB", "did you mean '5G'?"),
-    ("1.5G", "'1.5G' is not a memory size"),
-])
+@pytest.mark.parametrize(
+    "value, fragment",
+    [
+        ("lots", "'lots' is not a memory size: a number of megabytes (64000), or one with a unit K, M, G or T (500G)"),
+        ("5 GB", "did you mean '5G'?"),
+        ("1.5G", "'1.5G' is not a memory size"),
+    ],
+)
 def test_an_unparsable_mem_names_the_accepted_forms(plugins, value, fragment):
     from hpc_train.config.job import JobSpec
 
@@ -256,11 +273,14 @@ def test_an_unparsable_mem_names_the_accepted_forms(plugins, value, fragment):
     assert info.value.problems[0].key == "--mem" and fragment in str(info.value)
 
 
-@pytest.mark.parametrize("sbatch, shown, hint", [
-    ({"mail-tipe": "END"}, "<job>: --sbatch mail-tipe=END: sbatch has no option --mail-tipe", "did you mean --mail-type?"),
-    ({"exclusiv": True}, "<job>: --sbatch exclusiv: sbatch has no option --exclusiv", "did you mean --exclusive?"),
-    ({"zzzz": "1"}, "<job>: --sbatch zzzz=1: sbatch has no option --zzzz", "`man sbatch` lists its options"),
-])
+@pytest.mark.parametrize(
+    "sbatch, shown, hint",
+    [
+        ({"mail-tipe": "END"}, "<job>: --sbatch mail-tipe=END: sbatch has no option --mail-tipe", "did you mean --mail-type?"),
+        ({"exclusiv": True}, "<job>: --sbatch exclusiv: sbatch has no option --exclusiv", "did you mean --exclusive?"),
+        ({"zzzz": "1"}, "<job>: --sbatch zzzz=1: sbatch has no option --zzzz", "`man sbatch` lists its options"),
+    ],
+)
 def test_an_unknown_sbatch_option_suggests_the_closest(plugins, sbatch, shown, hint):
     with pytest.raises(ConfigError) as info:
         plan(plugins, sbatch=sbatch)

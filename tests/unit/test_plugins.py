@@ -51,7 +51,9 @@ def test_builtin_torchrun_comes_through_the_entry_point_group(plugins):
 
 
 def test_broken_plugin_is_reported_and_the_rest_work(fake_distribution):
-    fake_distribution("broken-site", {"broken": "broken_mod"}, {"broken_mod": "raise ImportError('no module named cuda_stuff')\n"})
+    fake_distribution(
+        "broken-site", {"broken": "broken_mod"}, {"broken_mod": "raise ImportError('no module named cuda_stuff')\n"}
+    )
     plugins = get_plugin_manager()
     assert "torchrun" in plugins.backends
     [failure] = [f for f in plugins.failures if f.name == "broken"]
@@ -65,10 +67,17 @@ def test_disable_plugins_by_name(monkeypatch):
 
 
 def test_duplicate_backend_names_both_plugins(fake_distribution):
-    fake_distribution("other-torchrun", {"other": "other_mod"}, {"other_mod": (
-        "from hpc_train import Backend, hookimpl\n"
-        "class T(Backend):\n    name = 'torchrun'\n"
-        "@hookimpl\ndef hpc_train_backends():\n    return [T]\n")})
+    fake_distribution(
+        "other-torchrun",
+        {"other": "other_mod"},
+        {
+            "other_mod": (
+                "from hpc_train import Backend, hookimpl\n"
+                "class T(Backend):\n    name = 'torchrun'\n"
+                "@hookimpl\ndef hpc_train_backends():\n    return [T]\n"
+            )
+        },
+    )
     with pytest.raises(PluginError) as info:
         _ = get_plugin_manager().backends  # the duplicate is found when the backends are collected
     assert "'torchrun' is provided by two plugins" in str(info.value)
@@ -112,8 +121,10 @@ def test_every_hookspec_is_typed_and_says_how_results_combine():
     for spec in specs:
         doc = inspect.getdoc(spec) or ""
         assert "Return" in doc or "Called" in doc, spec.__name__
-        assert any(word in doc for word in ("concatenated", "collected", "first non-None", "Merged", "merged",
-                                             "searched", "ignored", "Precedence")), spec.__name__
+        assert any(
+            word in doc
+            for word in ("concatenated", "collected", "first non-None", "Merged", "merged", "searched", "ignored", "Precedence")
+        ), spec.__name__
         assert "return" in spec.__annotations__, spec.__name__
 
 
@@ -199,8 +210,10 @@ def test_a_plugin_serves_the_sites_it_ships_unless_it_names_them(tmp_path):
 
 def test_template_overrides_apply_only_to_the_plugins_sites(tmp_path):
     write(tmp_path / "sites" / "acme.yaml", "extends: generic-slurm\n")
-    write(tmp_path / "templates" / "sbatch" / "base.sh.j2",
-          '{% extends "default:sbatch/base.sh.j2" %}\n{% block setup %}\nsource /etc/acme.sh\n{{ super() }}{% endblock %}\n')
+    write(
+        tmp_path / "templates" / "sbatch" / "base.sh.j2",
+        '{% extends "default:sbatch/base.sh.j2" %}\n{% block setup %}\nsource /etc/acme.sh\n{{ super() }}{% endblock %}\n',
+    )
 
     class Acme:
         @hookimpl
@@ -240,8 +253,9 @@ def site_plugin(folder):
 def test_two_plugins_shipping_one_site_is_an_error_naming_both(tmp_path):
     for who in ("one", "two"):
         write(tmp_path / who / "acme.yaml", "extends: generic-slurm\n")
-    plugins = get_plugin_manager(extra_plugins=(("acme-one", site_plugin(tmp_path / "one")),
-                                                ("acme-two", site_plugin(tmp_path / "two"))))
+    plugins = get_plugin_manager(
+        extra_plugins=(("acme-one", site_plugin(tmp_path / "one")), ("acme-two", site_plugin(tmp_path / "two")))
+    )
     with pytest.raises(PluginError) as info:
         resolve_site("sandbox", plugins)
     message = str(info.value)
@@ -253,8 +267,12 @@ BROKEN = "import acme_fabric_bindings\n"  # not installed: ModuleNotFoundError
 
 
 def test_a_site_from_a_broken_plugin_is_an_error_naming_plugin_distribution_and_error(fake_distribution):
-    fake_distribution("acme-hpc", {"acme": "acme_hpc.plugin"}, {"acme_hpc.__init__": "", "acme_hpc.plugin": BROKEN},
-                      files={"acme_hpc/sites/acme.yaml": "extends: generic-slurm\n"})
+    fake_distribution(
+        "acme-hpc",
+        {"acme": "acme_hpc.plugin"},
+        {"acme_hpc.__init__": "", "acme_hpc.plugin": BROKEN},
+        files={"acme_hpc/sites/acme.yaml": "extends: generic-slurm\n"},
+    )
     plugins = get_plugin_manager()
     [failure] = [f for f in plugins.failures if f.name == "acme"]
     assert failure.sites == ("acme",) and failure.entry_point == "acme = acme_hpc.plugin"
@@ -268,16 +286,24 @@ def test_a_site_from_a_broken_plugin_is_an_error_naming_plugin_distribution_and_
 
 def test_a_user_file_does_not_hide_the_broken_plugin_behind_its_site(fake_distribution, site_dir):
     write(site_dir / "acme.yaml", "extends: generic-slurm\n")
-    fake_distribution("acme-hpc", {"acme": "acme_hpc.plugin"}, {"acme_hpc.__init__": "", "acme_hpc.plugin": BROKEN},
-                      files={"acme_hpc/sites/acme.yaml": "extends: generic-slurm\n"})
+    fake_distribution(
+        "acme-hpc",
+        {"acme": "acme_hpc.plugin"},
+        {"acme_hpc.__init__": "", "acme_hpc.plugin": BROKEN},
+        files={"acme_hpc/sites/acme.yaml": "extends: generic-slurm\n"},
+    )
     with pytest.raises(PluginError, match="failed to load"):
         resolve_site("acme", get_plugin_manager())
 
 
 def test_a_user_site_extending_a_broken_plugins_site_names_the_plugin(fake_distribution, site_dir):
     write(site_dir / "mine.yaml", "description: my tweaks\nextends: acme\n")
-    fake_distribution("acme-hpc", {"acme": "acme_hpc.plugin"}, {"acme_hpc.__init__": "", "acme_hpc.plugin": BROKEN},
-                      files={"acme_hpc/sites/acme.yaml": "extends: generic-slurm\n"})
+    fake_distribution(
+        "acme-hpc",
+        {"acme": "acme_hpc.plugin"},
+        {"acme_hpc.__init__": "", "acme_hpc.plugin": BROKEN},
+        files={"acme_hpc/sites/acme.yaml": "extends: generic-slurm\n"},
+    )
     with pytest.raises(ConfigError) as info:
         resolve_site("mine", get_plugin_manager())
     message = str(info.value)
@@ -294,8 +320,11 @@ def test_unknown_site_with_a_broken_plugin_of_unknown_sites_names_the_plugin(fak
 
 
 def test_a_misspelt_hook_fails_that_plugin_only(fake_distribution):
-    fake_distribution("typo", {"typo": "typo_mod"}, {"typo_mod": (
-        "from hpc_train import hookimpl\n@hookimpl\ndef hpc_train_job_envs(job, site, backend):\n    return {}\n")})
+    fake_distribution(
+        "typo",
+        {"typo": "typo_mod"},
+        {"typo_mod": ("from hpc_train import hookimpl\n@hookimpl\ndef hpc_train_job_envs(job, site, backend):\n    return {}\n")},
+    )
     plugins = get_plugin_manager()
     [failure] = [f for f in plugins.failures if f.name == "typo"]
     assert "unknown hook 'hpc_train_job_envs'" in failure.error
@@ -317,10 +346,19 @@ def fresh_default_plugins():
 
 
 def test_plugins_lists_origin_hooks_sites_and_failures(fake_distribution, fresh_default_plugins, capsys):
-    fake_distribution("acme-hpc", {"acme": "acme_mod"}, {"acme_mod": (
-        "from hpc_train import hookimpl\n@hookimpl\ndef hpc_train_site_names():\n    return ['acme', 'acme-*']\n"
-        "@hookimpl\ndef hpc_train_job_env(job, site, backend):\n    return {}\n")})
-    fake_distribution("broken-site", {"broken": "broken_mod"}, {"broken_mod": "raise ImportError('no module named cuda_stuff')\n"})
+    fake_distribution(
+        "acme-hpc",
+        {"acme": "acme_mod"},
+        {
+            "acme_mod": (
+                "from hpc_train import hookimpl\n@hookimpl\ndef hpc_train_site_names():\n    return ['acme', 'acme-*']\n"
+                "@hookimpl\ndef hpc_train_job_env(job, site, backend):\n    return {}\n"
+            )
+        },
+    )
+    fake_distribution(
+        "broken-site", {"broken": "broken_mod"}, {"broken_mod": "raise ImportError('no module named cuda_stuff')\n"}
+    )
     assert main(["plugins"]) == 1
     out = capsys.readouterr().out
     assert "acme (acme-hpc 1.2.3)" in out and "from:  entry point acme = acme_mod (" in out
@@ -353,8 +391,15 @@ def test_a_plugin_adds_a_subcommand(fake_distribution, fresh_default_plugins, ca
 
 def test_broken_or_clashing_subcommands_never_break_help(fake_distribution, fresh_default_plugins, capsys):
     fake_distribution("clash", {"clash": "clash_mod"}, {"clash_mod": COMMAND.format(name="sites")})
-    fake_distribution("raiser", {"raiser": "raiser_mod"}, {"raiser_mod": (
-        "from hpc_train import hookimpl\n@hookimpl\ndef hpc_train_cli_commands():\n    raise KeyError('boom')\n")})
+    fake_distribution(
+        "raiser",
+        {"raiser": "raiser_mod"},
+        {
+            "raiser_mod": (
+                "from hpc_train import hookimpl\n@hookimpl\ndef hpc_train_cli_commands():\n    raise KeyError('boom')\n"
+            )
+        },
+    )
     fake_distribution("broken-site", {"broken": "broken_mod"}, {"broken_mod": "raise ImportError('nope')\n"})
     with pytest.raises(SystemExit) as info:
         main(["--help"])

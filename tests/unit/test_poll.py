@@ -28,11 +28,14 @@ def test_the_last_runs_own_word_ends_the_job_at_once(tmp_path):
     assert RunOutcome.read(folder) == RunOutcome(3, 0, False)
 
 
-@pytest.mark.parametrize("last_run, runs, wait", [
-    ("3 0 requeued", 3, REQUEUED_CONFIRM_S),  # the run requeued: the job comes back
-    ("2 0 ended", 3, CONFIRM_S),  # run 3 was killed before it could say (time limit, cancel, node failure)
-    (None, 1, CONFIRM_S),  # a job folder from before the rule, or a run killed at once
-])
+@pytest.mark.parametrize(
+    "last_run, runs, wait",
+    [
+        ("3 0 requeued", 3, REQUEUED_CONFIRM_S),  # the run requeued: the job comes back
+        ("2 0 ended", 3, CONFIRM_S),  # run 3 was killed before it could say (time limit, cancel, node failure)
+        (None, 1, CONFIRM_S),  # a job folder from before the rule, or a run killed at once
+    ],
+)
 def test_an_end_without_the_runs_word_is_believed_only_once_it_lasts(tmp_path, last_run, runs, wait):
     rule = EndRule(requeue=True)
     folder = job_folder(tmp_path, runs, last_run)

@@ -63,10 +63,17 @@ def test_site_pair_figure_overrides_the_relative_rule():
     assert len(slow) == 6 and suspects == ["n1", "n2", "n3", "n4"]  # every pair under the bar: blame all
 
 
-RESULT = {"backend": "gloo", "world_size": 2, "nodes": ["n1", "n2"], "device": "cpu",
-          "sizes": [{"bytes": 1 << 20, "time_us": 9000.0, "algbw_gbs": 0.12, "busbw_gbs": 0.12},
-                    {"bytes": 16 << 20, "time_us": 40000.0, "algbw_gbs": 0.42, "busbw_gbs": 0.42}],
-          "pairs": [{"nodes": ["n1", "n2"], "ranks": 2, "bytes": 16 << 20, "time_us": 40000.0, "busbw_gbs": 0.44}]}
+RESULT = {
+    "backend": "gloo",
+    "world_size": 2,
+    "nodes": ["n1", "n2"],
+    "device": "cpu",
+    "sizes": [
+        {"bytes": 1 << 20, "time_us": 9000.0, "algbw_gbs": 0.12, "busbw_gbs": 0.12},
+        {"bytes": 16 << 20, "time_us": 40000.0, "algbw_gbs": 0.42, "busbw_gbs": 0.42},
+    ],
+    "pairs": [{"nodes": ["n1", "n2"], "ranks": 2, "bytes": 16 << 20, "time_us": 40000.0, "busbw_gbs": 0.44}],
+}
 
 
 def test_verdict_against_the_site_figure():

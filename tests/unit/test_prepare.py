@@ -45,8 +45,10 @@ def test_a_slurm_node_is_told_by_its_config_file_before_asking_the_controller(tm
         raise AssertionError("a config file was there: no need to ask the controller")
 
     assert prepare.slurm_here({"SLURM_CONF": str(conf)}, ping=no_ping) == f"{conf} configures Slurm here"
-    assert prepare.slurm_here({}, exists=lambda p: p == "/etc/slurm/slurm.conf", ping=no_ping) == \
-        "/etc/slurm/slurm.conf configures Slurm here"
+    assert (
+        prepare.slurm_here({}, exists=lambda p: p == "/etc/slurm/slurm.conf", ping=no_ping)
+        == "/etc/slurm/slurm.conf configures Slurm here"
+    )
     nothing = {"exists": lambda p: False}
     assert prepare.slurm_here({}, **nothing, ping=lambda: True) == "a Slurm controller answers `scontrol ping`"
     assert prepare.slurm_here({"SLURM_CONF": str(tmp_path / "gone.conf")}, **nothing, ping=lambda: False) is None
@@ -56,9 +58,13 @@ def test_the_controller_must_say_it_is_up(monkeypatch):
     from hpc_train.submission import slurm_cmd
 
     monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/scontrol")
-    replies = [(0, "Slurmctld(primary) at ctl1 is UP\n", True), (1, "Slurmctld(primary) at ctl1 is DOWN\n", False),
-               (0, "", False)]  # the last: a stand-in scontrol that prints nothing
+    replies = [
+        (0, "Slurmctld(primary) at ctl1 is UP\n", True),
+        (1, "Slurmctld(primary) at ctl1 is DOWN\n", False),
+        (0, "", False),
+    ]  # the last: a stand-in scontrol that prints nothing
     for code, text, expected in replies:
+
         def reply(cmd, slurm_conf=None, timeout=60, code=code, text=text):
             assert timeout <= 5  # a controller that hangs must not hang the login side
             return subprocess.CompletedProcess(cmd, code, text, "")
@@ -75,8 +81,9 @@ def test_training_on_a_slurm_node_by_fallback_is_refused(monkeypatch, plugins, c
     monkeypatch.setattr(prepare, "slurm_here", lambda: "/etc/slurm/slurm.conf configures Slurm here")
     with pytest.raises(UsageError) as info:
         prepare.site_for(job(), plugins, training=True)
-    assert "the job would train on this machine (site local), but this is a Slurm node (/etc/slurm/slurm.conf" \
-        in info.value.message
+    assert (
+        "the job would train on this machine (site local), but this is a Slurm node (/etc/slurm/slurm.conf" in info.value.message
+    )
     assert "--site NAME" in info.value.hint and "--site local to train on this machine anyway" in info.value.hint
     with pytest.warns(ConfigWarning, match="submit refuses it without --site local"):  # render: a warning only
         assert prepare.site_for(job(), plugins).name == "local"
@@ -116,8 +123,9 @@ def test_the_cli_says_which_site_and_why(tmp_path: Path):
     assert render.returncode == 0 and render.stdout.startswith("#!/bin/bash")  # stdout: the script only
     assert "site: local (no --site given and no site detected for host" in render.stderr
     assert f"warning: site local runs the job on this machine, a Slurm node ({conf} configures Slurm here)" in render.stderr
-    submit = subprocess.run([*run, "submit", "--job-root", str(tmp_path / "jobs"), str(script)], capture_output=True,
-                            text=True, env=env, check=False)
+    submit = subprocess.run(
+        [*run, "submit", "--job-root", str(tmp_path / "jobs"), str(script)], capture_output=True, text=True, env=env, check=False
+    )
     assert submit.returncode == 2 and "Traceback" not in submit.stderr
     assert submit.stderr.startswith("error: no --site given and no site detected for host")
     assert "hint: say --site NAME for the cluster" in submit.stderr and not (tmp_path / "jobs").exists()

@@ -37,7 +37,8 @@ def test_a_requeued_job_tells_its_whole_story():
 
 def test_a_requeue_between_two_polls_is_still_told():
     assert events("7", Snapshot("RUNNING", nodes="n1", runs=1), Snapshot("RUNNING", nodes="n2", runs=2)) == [
-        "job 7: RUNNING on n2 (run 2 after a requeue)"]
+        "job 7: RUNNING on n2 (run 2 after a requeue)"
+    ]
 
 
 def test_last_metrics_skips_a_half_written_line(tmp_path):
@@ -58,8 +59,18 @@ class FakeHandle:
         self.job_id = "9"
         self.runs = runs
         self.released = 0
-        self.record = JobRecord(job_id="9", folder=str(folder), scheduler="slurm", kind="script", site="s",
-                                backend="torchrun", nodes=2, procs_per_node=1, tasks_per_node=1, job_name="j")
+        self.record = JobRecord(
+            job_id="9",
+            folder=str(folder),
+            scheduler="slurm",
+            kind="script",
+            site="s",
+            backend="torchrun",
+            nodes=2,
+            procs_per_node=1,
+            tasks_per_node=1,
+            job_name="j",
+        )
 
     def scheduler_info(self) -> dict[str, str]:
         return self.infos.pop(0) if len(self.infos) > 1 else self.infos[0]
@@ -74,13 +85,21 @@ class FakeHandle:
 
 
 def test_watch_prints_plain_lines_when_not_on_a_terminal(tmp_path):
-    handle = FakeHandle(tmp_path, [{"JobState": "PENDING", "Reason": "Resources"},
-                                   {"JobState": "RUNNING", "NodeList": "n[1-2]"},
-                                   {"JobState": "COMPLETED", "RunTime": "00:00:09"}])
+    handle = FakeHandle(
+        tmp_path,
+        [
+            {"JobState": "PENDING", "Reason": "Resources"},
+            {"JobState": "RUNNING", "NodeList": "n[1-2]"},
+            {"JobState": "COMPLETED", "RunTime": "00:00:09"},
+        ],
+    )
     out = io.StringIO()
     assert progress.watch(handle, out, tty=False, poll_s=0) == "COMPLETED"
-    assert out.getvalue().splitlines() == ["job 9: PENDING (Resources)", "job 9: RUNNING on n[1-2] (run 1)",
-                                           "job 9: COMPLETED after 00:00:09"]
+    assert out.getvalue().splitlines() == [
+        "job 9: PENDING (Resources)",
+        "job 9: RUNNING on n[1-2] (run 1)",
+        "job 9: COMPLETED after 00:00:09",
+    ]
     assert handle.released == 1  # a pending job is offered the early release, as wait() does
 
 
@@ -103,8 +122,10 @@ def test_a_named_straggler_is_told_once_and_before_the_end():
     assert events("42", running, slow) == ["job 42: straggler: rank 3 on n2 is 45% slower than the median (step 150)"]
     assert events("42", slow, slow) == []
     done = Snapshot("COMPLETED", elapsed="00:02:00", runs=1, stragglers=[NAMED, {**NAMED, "rank": 1, "step": 300}])
-    assert events("42", slow, done) == ["job 42: straggler: rank 1 on n2 is 45% slower than the median (step 300)",
-                                        "job 42: COMPLETED after 00:02:00"]
+    assert events("42", slow, done) == [
+        "job 42: straggler: rank 1 on n2 is 45% slower than the median (step 300)",
+        "job 42: COMPLETED after 00:02:00",
+    ]
     assert events("42", None, slow)[-1].startswith("job 42: straggler: rank 3")  # status --watch joining late
 
 
@@ -119,8 +140,10 @@ def test_watch_reads_the_stragglers_file_and_shows_them(tmp_path):
     (tmp_path / "metrics").mkdir()
     (tmp_path / "metrics" / "steps.jsonl").write_text(json.dumps({"step": 160, "samples_per_s": 99.0}) + "\n")
     (tmp_path / "metrics" / "stragglers.jsonl").write_text(json.dumps(NAMED) + "\n" + '{"rank": 4, "hos')
-    handle = FakeHandle(tmp_path, [{"JobState": "RUNNING", "NodeList": "n1"}, {"JobState": "RUNNING", "NodeList": "n1"},
-                                   {"JobState": "COMPLETED"}])
+    handle = FakeHandle(
+        tmp_path,
+        [{"JobState": "RUNNING", "NodeList": "n1"}, {"JobState": "RUNNING", "NodeList": "n1"}, {"JobState": "COMPLETED"}],
+    )
     assert [s["rank"] for s in progress.stragglers(handle)] == [3]  # the half-written line is left out
     out = io.StringIO()
     progress.PLAIN_PROGRESS_EVERY_S, every = 0.0, progress.PLAIN_PROGRESS_EVERY_S

@@ -33,8 +33,15 @@ def alice(monkeypatch):
 
 
 def render_job(plugins, site, backend="torchrun", **options):
-    job = make_job(site=site, backend=backend, script="train.py", script_args=["--lr", "1e-4"],
-                   workdir="/home/alice/project", python="/opt/venv/bin/python", **options)
+    job = make_job(
+        site=site,
+        backend=backend,
+        script="train.py",
+        script_args=["--lr", "1e-4"],
+        workdir="/home/alice/project",
+        python="/opt/venv/bin/python",
+        **options,
+    )
     return render(build_plan(job, load_site(site), plugins), plugins.template_dirs())
 
 
@@ -57,8 +64,19 @@ def test_rendered_script_is_valid_bash(plugins, alice, tmp_path):
 
 
 NASTY = [
-    "it's", 'say "hi"', "$(touch PWNED)", "`touch PWNED`", "a;touch PWNED", "x\ntouch PWNED",
-    "\n#SBATCH --qos=high", "$HOME", "--flag=$((1+1))", "back\\slash", "tab\there", "\x7f", "",
+    "it's",
+    'say "hi"',
+    "$(touch PWNED)",
+    "`touch PWNED`",
+    "a;touch PWNED",
+    "x\ntouch PWNED",
+    "\n#SBATCH --qos=high",
+    "$HOME",
+    "--flag=$((1+1))",
+    "back\\slash",
+    "tab\there",
+    "\x7f",
+    "",
 ]
 
 
@@ -72,11 +90,18 @@ def test_quoted_words_come_back_unchanged_through_bash(value, tmp_path):
 
 def test_script_arguments_and_env_are_inert_in_a_real_run(plugins, alice, tmp_path):
     """Run the rendered local script's launch line through bash with a stand-in python that prints argv."""
-    fake = write(tmp_path / "python", "#!/bin/sh\nfor a in \"$@\"; do printf '<%s>' \"$a\"; done\n")
+    fake = write(tmp_path / "python", '#!/bin/sh\nfor a in "$@"; do printf \'<%s>\' "$a"; done\n')
     fake.chmod(0o755)
     args = ["$(touch PWNED)", "x\n#SBATCH --qos=high", "`id`", "it's"]
-    job = make_job(site="local", script="train.py", script_args=args, workdir=str(tmp_path),
-                   python=str(fake), env={"EVIL": "$(touch PWNED2)"}, job_name="n'; touch PWNED3; '")
+    job = make_job(
+        site="local",
+        script="train.py",
+        script_args=args,
+        workdir=str(tmp_path),
+        python=str(fake),
+        env={"EVIL": "$(touch PWNED2)"},
+        job_name="n'; touch PWNED3; '",
+    )
     text = render(build_plan(job, load_site("local"), plugins), ())
     assert "\n#SBATCH --qos" not in text
     script = write(tmp_path / "job.sh", text)
@@ -95,8 +120,10 @@ def test_sbatch_lines_refuse_control_characters():
 
 
 def test_site_overrides_one_block(plugins, alice, site_dir):
-    write(site_dir / "templates" / "mine.sh.j2",
-          '{% extends "default:sbatch/base.sh.j2" %}\n{% block setup %}\n# MY SITE SETUP\nsource /etc/site.sh\n{% endblock %}\n')
+    write(
+        site_dir / "templates" / "mine.sh.j2",
+        '{% extends "default:sbatch/base.sh.j2" %}\n{% block setup %}\n# MY SITE SETUP\nsource /etc/site.sh\n{% endblock %}\n',
+    )
     write(site_dir / "mine.yaml", "extends: generic-slurm\ntemplate: mine.sh.j2\ntemplate_dirs: [templates]\n")
     text = render_job(plugins, "mine")
     assert "# MY SITE SETUP\nsource /etc/site.sh" in text
@@ -104,7 +131,10 @@ def test_site_overrides_one_block(plugins, alice, site_dir):
 
 
 def test_template_syntax_error_names_file_and_line(plugins, alice, site_dir):
-    write(site_dir / "templates" / "broken.sh.j2", '{% extends "default:sbatch/base.sh.j2" %}\n\n{% block setup %}\n{% if %}\n{% endblock %}\n')
+    write(
+        site_dir / "templates" / "broken.sh.j2",
+        '{% extends "default:sbatch/base.sh.j2" %}\n\n{% block setup %}\n{% if %}\n{% endblock %}\n',
+    )
     write(site_dir / "mine.yaml", "template: broken.sh.j2\ntemplate_dirs: [templates]\n")
     with pytest.raises(TemplateError) as info:
         render_job(plugins, "mine")
@@ -128,11 +158,16 @@ def test_missing_template_says_where_it_looked(plugins, alice, site_dir):
 
 
 def test_container_wraps_each_task(plugins, alice, site_dir):
-    write(site_dir / "box.yaml", "extends: generic-slurm\ncontainer:\n  runtime: apptainer\n  enabled: true\n  image: /img/pt.sif\n  mounts: [/data:/data]\n")
+    write(
+        site_dir / "box.yaml",
+        "extends: generic-slurm\ncontainer:\n  runtime: apptainer\n  enabled: true\n  image: /img/pt.sif\n  mounts: [/data:/data]\n",
+    )
     assert "apptainer" not in render_job(plugins, "box", container=False)
     text = render_job(plugins, "box")
     assert "\\\n    apptainer exec --bind /data:/data /img/pt.sif \\\n    /opt/venv/bin/python -m torch.distributed.run" in text
-    write(site_dir / "pyx.yaml", "extends: generic-slurm\ncontainer:\n  runtime: pyxis\n  image: nvcr.io#nvidia/pytorch:24.05-py3\n")
+    write(
+        site_dir / "pyx.yaml", "extends: generic-slurm\ncontainer:\n  runtime: pyxis\n  image: nvcr.io#nvidia/pytorch:24.05-py3\n"
+    )
     assert "container-image" not in render_job(plugins, "pyx")  # opt-in site: not unless asked
     assert "'--container-image=nvcr.io#nvidia/pytorch:24.05-py3'" in render_job(plugins, "pyx", container=True)
 
@@ -140,6 +175,9 @@ def test_container_wraps_each_task(plugins, alice, site_dir):
 def test_bluecloud_ngc_container_is_opt_in(plugins, alice):
     assert "apptainer" not in render_job(plugins, "bluecloud")
     text = render_job(plugins, "bluecloud", container=True)
-    assert "apptainer exec --nv --bind /shared/datasets:/datasets --bind /shared/checkpoints:/checkpoints /shared/containers/nvcr-pytorch-24.05.sif" in text
+    assert (
+        "apptainer exec --nv --bind /shared/datasets:/datasets --bind /shared/checkpoints:/checkpoints /shared/containers/nvcr-pytorch-24.05.sif"
+        in text
+    )
     with pytest.raises(ConfigError, match="has no container runtime"):
         render_job(plugins, "sandbox", container_image="x.sif")

@@ -18,14 +18,33 @@ def write_metrics(folder, runs, gpu=False, junk=False):
     """runs: (run, start_step, end_step); every step 0.1 s with 64 samples and 20 ms of communication."""
     lines, t = [], 1000.0
     for run, start, end in runs:
-        lines.append({"event": "run_start", "run": run, "start_step": start, "time": t, "job_id": "77",
-                      "backend": "torchrun", "world_size": 4, "device": "cuda" if gpu else "cpu"})
+        lines.append(
+            {
+                "event": "run_start",
+                "run": run,
+                "start_step": start,
+                "time": t,
+                "job_id": "77",
+                "backend": "torchrun",
+                "world_size": 4,
+                "device": "cuda" if gpu else "cpu",
+            }
+        )
         for step in range(start + 1, end + 1):
             first = step == start + 1
             step_s = 1.0 if first else 0.1  # a run's first step pays its warm-up
             t += step_s
-            row = {"step": step, "time": t, "run": run, "step_s": step_s, "samples": 64, "samples_per_s": 64 / step_s,
-                   "loss": 10.0 / step + run * 1e-3, "comm_s": 0.02, "comm_share": 0.02 / step_s}
+            row = {
+                "step": step,
+                "time": t,
+                "run": run,
+                "step_s": step_s,
+                "samples": 64,
+                "samples_per_s": 64 / step_s,
+                "loss": 10.0 / step + run * 1e-3,
+                "comm_s": 0.02,
+                "comm_share": 0.02 / step_s,
+            }
             if gpu:
                 row.update(gpu_util=80.0, gpu_mem_bytes=2 * 2**30)
             lines.append(row)
@@ -71,9 +90,11 @@ def test_smoothing_follows_a_step_without_lag_at_the_start():
 
 def test_report_cli_writes_plots_and_never_imports_torch(tmp_path):
     write_metrics(tmp_path, [(1, 0, 25)])
-    code = ("import sys, runpy\nsys.argv = ['hpc_train', 'report', sys.argv[1], '--json']\n"
-            "try:\n    runpy.run_module('hpc_train', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-            "print('HEAVY=' + ','.join(m for m in ('torch', 'tensorboard') if m in sys.modules), file=sys.stderr)\n")
+    code = (
+        "import sys, runpy\nsys.argv = ['hpc_train', 'report', sys.argv[1], '--json']\n"
+        "try:\n    runpy.run_module('hpc_train', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        "print('HEAVY=' + ','.join(m for m in ('torch', 'tensorboard') if m in sys.modules), file=sys.stderr)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=REPO)
     assert "HEAVY=\n" in out.stderr, out.stderr[-2000:]
     summary = json.loads(out.stdout)
@@ -82,8 +103,7 @@ def test_report_cli_writes_plots_and_never_imports_torch(tmp_path):
 
 
 def test_a_folder_without_metrics_is_a_clear_error(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "hpc_train", "report", str(tmp_path)], capture_output=True,
-                         text=True, cwd=REPO)
+    out = subprocess.run([sys.executable, "-m", "hpc_train", "report", str(tmp_path)], capture_output=True, text=True, cwd=REPO)
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert f"no metrics in {tmp_path}" in out.stderr and "--no-metrics" in out.stderr
 
@@ -93,8 +113,15 @@ def write_ranks(folder, windows, named=(), run=1, hosts=("n1", "n1", "n2", "n2")
     lines = []
     for i, (last, compute) in enumerate(windows):
         known = sorted(compute)
-        line = {"event": "ranks", "run": run, "time": 2000.0 + last, "first_step": last - 9, "last_step": last,
-                "compute_ms": compute, "median_ms": (known[1] + known[2]) / 2}
+        line = {
+            "event": "ranks",
+            "run": run,
+            "time": 2000.0 + last,
+            "first_step": last - 9,
+            "last_step": last,
+            "compute_ms": compute,
+            "median_ms": (known[1] + known[2]) / 2,
+        }
         if i == 0:
             line["hosts"] = list(hosts)
         lines.append(line)
@@ -115,12 +142,14 @@ def test_stragglers_are_summarised_and_the_ranks_charted(tmp_path):
     assert [w["last_step"] for w in m.windows] == [10, 20, 30, 40, 50] and m.hosts == {0: "n1", 1: "n1", 2: "n2", 3: "n2"}
     s = report.summarize(m)
     assert s["rank_windows"] == 5 and s["ranks_compared"] == 4
-    assert s["stragglers"] == [{k: SLOW[k] for k in ("rank", "host", "slowdown", "step", "windows", "run",
-                                                     "compute_ms", "median_ms")}]
+    assert s["stragglers"] == [
+        {k: SLOW[k] for k in ("rank", "host", "slowdown", "step", "windows", "run", "compute_ms", "median_ms")}
+    ]
     assert s["slowest_rank"]["rank"] == 3 and s["slowest_rank"]["slowdown"] == pytest.approx(18 / 10.1 - 1, abs=1e-4)
     text = report.format_summary(s)
-    assert ("  stragglers      rank 3 on n2: 80% slower than the median (compute 18.0 vs 10.0 ms/step), "
-            "named at step 30 (run 1)") in text
+    assert (
+        "  stragglers      rank 3 on n2: 80% slower than the median (compute 18.0 vs 10.0 ms/step), named at step 30 (run 1)"
+    ) in text
     paths = report.plot(m, tmp_path / "out")
     assert [p.name for p in paths] == ["loss.png", "throughput.png", "comm_share.png", "ranks.png"]
     assert paths[-1].read_bytes().startswith(PNG) and paths[-1].stat().st_size > 10_000
@@ -150,16 +179,25 @@ def test_no_per_rank_data_no_straggler_section(tmp_path):
 def test_report_has_a_goodput_section_and_the_json_carries_it(tmp_path):
     write_metrics(tmp_path, [(1, 0, 30), (2, 20, 50)])
     (tmp_path / "last_run").write_text("2 0 ended\n")
-    out = subprocess.run([sys.executable, "-m", "hpc_train", "report", str(tmp_path), "--no-plots"],
-                         capture_output=True, text=True, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-m", "hpc_train", "report", str(tmp_path), "--no-plots"], capture_output=True, text=True, cwd=REPO
+    )
     assert out.returncode == 0, out.stderr
     assert "  goodput         " in out.stdout and "(estimated)" in out.stdout
     assert "    recomputed steps    00:00:01" in out.stdout and "10 step(s) trained again after a restore" in out.stdout
     assert "    2    ?      21-50  completed" in out.stdout  # no host in these lines, said as unknown
-    as_json = subprocess.run([sys.executable, "-m", "hpc_train", "report", str(tmp_path), "--no-plots", "--json"],
-                             capture_output=True, text=True, cwd=REPO)
+    as_json = subprocess.run(
+        [sys.executable, "-m", "hpc_train", "report", str(tmp_path), "--no-plots", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     g = json.loads(as_json.stdout)["goodput"]
     assert g["steps_recomputed"] == 10 and [r["ended"] for r in g["runs"]] == ["unknown", "completed"]
-    quiet = subprocess.run([sys.executable, "-m", "hpc_train", "report", str(tmp_path), "--no-plots", "--no-goodput"],
-                           capture_output=True, text=True, cwd=REPO)
+    quiet = subprocess.run(
+        [sys.executable, "-m", "hpc_train", "report", str(tmp_path), "--no-plots", "--no-goodput"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert "goodput" not in quiet.stdout and "runs            2 (1 restart)" in quiet.stdout

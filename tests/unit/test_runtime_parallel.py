@@ -21,8 +21,9 @@ WORLD = 4
 
 def _model() -> torch.nn.Sequential:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 8), torch.nn.Tanh(),
-                               torch.nn.Linear(8, 4))
+    return torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4)
+    )
 
 
 def _data() -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,9 +60,16 @@ def _worker(rank: int, port: int, folder: str) -> None:
     )
     from hpc_train.submission.layout import Layout
 
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HPC_TRAIN_PARALLEL="dp=2,tp=2",
-                      OMP_NUM_THREADS="1")
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(WORLD),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(WORLD),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        HPC_TRAIN_PARALLEL="dp=2,tp=2",
+        OMP_NUM_THREADS="1",
+    )
     ctx = rt.init()
     par = ctx.parallel
     assert (par.dp_rank, par.tp_rank, par.stage) == (rank // 2, rank % 2, 0)
@@ -128,8 +136,7 @@ def test_mesh_tensor_parallel_pipeline_and_sharded_checkpoint_match_one_process(
 
     import hpc_train.runtime  # noqa: F401
 
-    mp.start_processes(_worker, args=(_free_port(), str(tmp_path / "ckpt")), nprocs=WORLD, join=True,
-                       start_method="fork")
+    mp.start_processes(_worker, args=(_free_port(), str(tmp_path / "ckpt")), nprocs=WORLD, join=True, start_method="fork")
 
 
 def test_stage_bounds_split_evenly():

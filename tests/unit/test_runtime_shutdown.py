@@ -61,8 +61,20 @@ def run_job(tmp_path, mode: str, procs: int = 4) -> subprocess.CompletedProcess[
     script.write_text(SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HPC_TRAIN_STOP_FILE": str(tmp_path / "no-stop-file")}
     env.pop("HPC_TRAIN_JOB_FOLDER", None)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(procs),
-               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script), mode, str(tmp_path)]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(procs),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        str(script),
+        mode,
+        str(tmp_path),
+    ]
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -105,8 +117,7 @@ def watcher_threads() -> list[threading.Thread]:
 def test_shutdown_closes_checkpointers_then_meets_the_other_ranks_then_stops_once(tmp_path, monkeypatch):
     monkeypatch.setenv("HPC_TRAIN_STOP_FILE", str(tmp_path / "no-stop-file"))  # starts the watcher thread
     calls: list[str] = []
-    ctx = Context(DistEnv(0, 0, 1, 1, 0, 1, "127.0.0.1", 29500, "single"), "torchrun", RecordingRuntime(calls),
-                  metrics=False)
+    ctx = Context(DistEnv(0, 0, 1, 1, 0, 1, "127.0.0.1", 29500, "single"), "torchrun", RecordingRuntime(calls), metrics=False)
     ctx.checkpointer(tmp_path / "ckpt")
     assert watcher_threads()
     ctx.shutdown()
@@ -120,8 +131,7 @@ def test_shutdown_closes_checkpointers_then_meets_the_other_ranks_then_stops_onc
 
 def test_at_exit_after_an_uncaught_exception_stops_this_process_without_collectives(tmp_path, monkeypatch):
     calls: list[str] = []
-    ctx = Context(DistEnv(0, 0, 1, 1, 0, 1, "127.0.0.1", 29500, "single"), "torchrun", RecordingRuntime(calls),
-                  metrics=False)
+    ctx = Context(DistEnv(0, 0, 1, 1, 0, 1, "127.0.0.1", 29500, "single"), "torchrun", RecordingRuntime(calls), metrics=False)
     ckpt = ctx.checkpointer(tmp_path / "ckpt")
     monkeypatch.setattr(sys, "last_value", RuntimeError("the script failed"), raising=False)
     ctx._at_exit()

@@ -109,6 +109,7 @@ def test_context_reports_where_it_is():
 
 # -- which runtime a backend gets: what its class declares, never its name ------------------------------
 
+
 def test_a_runtime_that_averages_nothing_refuses_more_than_one_process():
     model = torch.nn.Linear(2, 2)
     two = DistEnv(0, 0, 2, 2, 0, 1, "127.0.0.1", 29500, "single")
@@ -136,5 +137,7 @@ def test_the_runtime_is_the_one_the_backend_declares(monkeypatch):
     assert runtime_class("torchrun") is TorchrunRuntime  # also what a plain `torchrun train.py` gets
     monkeypatch.setattr(manager, "default_plugins", lambda: manager.get_plugin_manager((_Provider(),), load_entry_points=False))
     assert runtime_class("plain") is AllReduceRuntime and not _Plain.supports_comm_hook
-    with pytest.raises(TypeError, match=r"'misnamed' names the runtime 'hpc_train\.runtime\.options:RuntimeOptions', which is not"):
+    with pytest.raises(
+        TypeError, match=r"'misnamed' names the runtime 'hpc_train\.runtime\.options:RuntimeOptions', which is not"
+    ):
         runtime_class("misnamed")

@@ -27,27 +27,29 @@ JOB = (
 )
 
 # show node (no -o): indented continuation lines, trailing spaces, a Reason with spaces and key=value words
-NODES = "\n".join([
-    "NodeName=gpu07 Arch=x86_64 CoresPerSocket=32 ",
-    "   CPUAlloc=0 CPUEfctv=64 CPUTot=64 CPULoad=0.02",
-    "   AvailableFeatures=a100,ib",
-    "   ActiveFeatures=a100,ib",
-    "   Gres=gpu:a100:4(S:0-1)",
-    "   NodeAddr=gpu07 NodeHostName=gpu07 Version=23.02.7",
-    "   OS=Linux 5.14.0-362.8.1.el9_3.x86_64 #1 SMP PREEMPT_DYNAMIC Tue Oct 3 11:12:36 EDT 2023 ",
-    "   RealMemory=512000 AllocMem=0 FreeMem=498000 Sockets=2 Boards=1",
-    "   State=DOWN+DRAIN+NOT_RESPONDING ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A",
-    "   Partitions=gpu ",
-    "   CfgTRES=cpu=64,mem=500G,billing=64,gres/gpu=4",
-    "   AllocTRES=",
-    "   Reason=Node unexpectedly rebooted boot_time=1714464000 last_response=1714463990 [slurm@2024-05-01T09:30:00]",
-    "",
-    "NodeName=gpu08 Arch=x86_64 CoresPerSocket=32 ",
-    "   State=IDLE ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A",
-    "   Partitions=gpu ",
-    "",
-    "",
-])
+NODES = "\n".join(
+    [
+        "NodeName=gpu07 Arch=x86_64 CoresPerSocket=32 ",
+        "   CPUAlloc=0 CPUEfctv=64 CPUTot=64 CPULoad=0.02",
+        "   AvailableFeatures=a100,ib",
+        "   ActiveFeatures=a100,ib",
+        "   Gres=gpu:a100:4(S:0-1)",
+        "   NodeAddr=gpu07 NodeHostName=gpu07 Version=23.02.7",
+        "   OS=Linux 5.14.0-362.8.1.el9_3.x86_64 #1 SMP PREEMPT_DYNAMIC Tue Oct 3 11:12:36 EDT 2023 ",
+        "   RealMemory=512000 AllocMem=0 FreeMem=498000 Sockets=2 Boards=1",
+        "   State=DOWN+DRAIN+NOT_RESPONDING ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A",
+        "   Partitions=gpu ",
+        "   CfgTRES=cpu=64,mem=500G,billing=64,gres/gpu=4",
+        "   AllocTRES=",
+        "   Reason=Node unexpectedly rebooted boot_time=1714464000 last_response=1714463990 [slurm@2024-05-01T09:30:00]",
+        "",
+        "NodeName=gpu08 Arch=x86_64 CoresPerSocket=32 ",
+        "   State=IDLE ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A",
+        "   Partitions=gpu ",
+        "",
+        "",
+    ]
+)
 
 PARTITION = (
     "PartitionName=gpu AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL AllocNodes=ALL Default=NO QoS=N/A "
@@ -83,15 +85,17 @@ def test_multi_line_records_end_at_a_blank_line():
     assert first["OS"] == "Linux 5.14.0-362.8.1.el9_3.x86_64 #1 SMP PREEMPT_DYNAMIC Tue Oct 3 11:12:36 EDT 2023"
     assert first["AllocTRES"] == ""
     # Slurm's own reason text holds lower-case key=value words: they stay in the value
-    assert first["Reason"] == ("Node unexpectedly rebooted boot_time=1714464000 last_response=1714463990 "
-                               "[slurm@2024-05-01T09:30:00]")
+    assert first["Reason"] == (
+        "Node unexpectedly rebooted boot_time=1714464000 last_response=1714463990 [slurm@2024-05-01T09:30:00]"
+    )
     assert "boot_time" not in first
     assert (second["NodeName"], second["State"]) == ("gpu08", "IDLE") and "Reason" not in second
 
 
 def test_one_line_records_are_one_per_line_and_first_is_the_first_task():
     array = JOB.replace("JobId=4242 ", "JobId=4243 ArrayJobId=4243 ArrayTaskId=0 ") + JOB.replace(
-        "JobId=4242 ", "JobId=4244 ArrayJobId=4243 ArrayTaskId=1 ")
+        "JobId=4242 ", "JobId=4244 ArrayJobId=4243 ArrayTaskId=1 "
+    )
     tasks = scontrol.records(array)
     assert [t["ArrayTaskId"] for t in tasks] == ["0", "1"]
     assert scontrol.first(array)["JobId"] == "4243"
@@ -118,11 +122,14 @@ def test_show_asks_for_one_line_records(monkeypatch):
     assert calls == [["scontrol", "show", "partition", "-o", "gpu"]]
 
 
-@pytest.mark.parametrize("outcome", [
-    subprocess.CompletedProcess([], 1, "", "slurm_load_jobs error: Invalid job id specified\n"),
-    FileNotFoundError("scontrol"),  # not a Slurm node
-    subprocess.TimeoutExpired("scontrol", 30),  # the controller does not answer
-])
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        subprocess.CompletedProcess([], 1, "", "slurm_load_jobs error: Invalid job id specified\n"),
+        FileNotFoundError("scontrol"),  # not a Slurm node
+        subprocess.TimeoutExpired("scontrol", 30),  # the controller does not answer
+    ],
+)
 def test_show_is_empty_when_the_controller_cannot_be_asked(monkeypatch, outcome):
     fake_run(monkeypatch, outcome)
     assert scontrol.show("job", "4242") == {}
@@ -147,11 +154,27 @@ def test_preemption_does_not_requeue_a_job_requeued_already(monkeypatch):
 
 
 def test_the_handle_reads_the_controllers_fields(monkeypatch, tmp_path):
-    outputs = iter([subprocess.CompletedProcess([], 0, JOB, ""),
-                    subprocess.CompletedProcess([], 1, "", "slurm_load_jobs error: Invalid job id specified\n")])
+    outputs = iter(
+        [
+            subprocess.CompletedProcess([], 0, JOB, ""),
+            subprocess.CompletedProcess([], 1, "", "slurm_load_jobs error: Invalid job id specified\n"),
+        ]
+    )
     monkeypatch.setattr(slurm_cmd.subprocess, "run", lambda cmd, **kw: next(outputs))
-    handle = JobHandle(JobRecord(job_id="4242", folder=str(tmp_path), scheduler="slurm", kind="script", site="sandbox",
-                                 backend="torchrun", nodes=2, procs_per_node=4, tasks_per_node=1, job_name="t"))
+    handle = JobHandle(
+        JobRecord(
+            job_id="4242",
+            folder=str(tmp_path),
+            scheduler="slurm",
+            kind="script",
+            site="sandbox",
+            backend="torchrun",
+            nodes=2,
+            procs_per_node=4,
+            tasks_per_node=1,
+            job_name="t",
+        )
+    )
     info = handle.scheduler_info()
     assert (info["JobState"], info["Reason"], info["WorkDir"]) == ("PENDING", "BeginTime", "/home/alice/my project")
     assert handle.scheduler_info() == {}  # the controller has forgotten the job

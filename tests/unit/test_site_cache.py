@@ -16,8 +16,10 @@ def test_second_load_comes_from_the_cache_without_yaml(site_dir):
     write(site_dir / "child.yaml", "extends: base\nenv:\n  B: child\n")
     first = load_site("child")
     assert list(Path(os.environ["XDG_CACHE_HOME"], "hpc_train", "sites").glob("child-*.pickle"))
-    code = ("import sys; from hpc_train.config.loader import load_site; r = load_site('child'); "
-            "print(r.config.env, r.provenance['env.B'][1], 'yaml' in sys.modules)")
+    code = (
+        "import sys; from hpc_train.config.loader import load_site; r = load_site('child'); "
+        "print(r.config.env, r.provenance['env.B'][1], 'yaml' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=os.getcwd(), env=os.environ)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["{'A':", "'base',", "'B':", "'child'}", "3", "False"]

@@ -27,14 +27,34 @@ def venv(tmp_path_factory):
     root = tmp_path_factory.mktemp("site_plugin")
     dist = root / "dist"
     example = shutil.copytree(EXAMPLE, root / "acme-src", ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                            "-w", str(dist), str(REPO), str(example)], check=False, capture_output=True, text=True)
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(dist),
+            str(REPO),
+            str(example),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
     assert built.returncode == 0, built.stderr[-3000:]
     wheels = sorted(str(w) for w in dist.glob("*.whl"))
     assert len(wheels) == 2, wheels
     subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True)
-    pip = subprocess.run([str(root / "venv" / "bin" / "python"), "-m", "pip", "install", "-q",
-                          "--disable-pip-version-check", *wheels], check=False, capture_output=True, text=True)
+    pip = subprocess.run(
+        [str(root / "venv" / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", *wheels],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
     assert pip.returncode == 0, pip.stderr[-3000:]
     project = root / "project"
     write(project / "train.py", "print('hi')\n")
@@ -52,12 +72,20 @@ def cli(venv: Path, *args: str, pythonpath: Path | None = None, **env: str):
     }
     if pythonpath is not None:
         environ["PYTHONPATH"] = str(pythonpath)
-    return subprocess.run([str(venv / "venv" / "bin" / "python"), "-m", "hpc_train", *args],
-                          check=False, capture_output=True, text=True, cwd=venv / "project", env=environ)
+    return subprocess.run(
+        [str(venv / "venv" / "bin" / "python"), "-m", "hpc_train", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=venv / "project",
+        env=environ,
+    )
 
 
 def test_torch_is_not_installed(venv):
-    out = subprocess.run([str(venv / "venv" / "bin" / "python"), "-c", "import torch"], check=False, capture_output=True, text=True)
+    out = subprocess.run(
+        [str(venv / "venv" / "bin" / "python"), "-c", "import torch"], check=False, capture_output=True, text=True
+    )
     assert out.returncode != 0
 
 
@@ -121,11 +149,16 @@ def fake_install(folder: Path, dist: str, entry_point: str, files: dict[str, str
 
 
 def test_a_broken_plugin_is_reported_and_its_site_is_an_error(venv, tmp_path):
-    extra = fake_install(tmp_path, "beta-hpc", "beta = beta_hpc.plugin", {
-        "beta_hpc/__init__.py": "",
-        "beta_hpc/plugin.py": "import beta_fabric  # not installed\n",
-        "beta_hpc/sites/beta.yaml": "extends: generic-slurm\n",
-    })
+    extra = fake_install(
+        tmp_path,
+        "beta-hpc",
+        "beta = beta_hpc.plugin",
+        {
+            "beta_hpc/__init__.py": "",
+            "beta_hpc/plugin.py": "import beta_fabric  # not installed\n",
+            "beta_hpc/sites/beta.yaml": "extends: generic-slurm\n",
+        },
+    )
     out = cli(venv, "render", "--site", "beta", "train.py", pythonpath=extra)
     assert out.returncode == 78 and "Traceback" not in out.stderr
     assert "site 'beta' comes from plugin 'beta' (distribution beta-hpc 1.0), which failed to load" in out.stderr
@@ -139,12 +172,18 @@ def test_a_broken_plugin_is_reported_and_its_site_is_an_error(venv, tmp_path):
 
 
 def test_two_plugins_shipping_one_site_name_both(venv, tmp_path):
-    extra = fake_install(tmp_path, "acme-copy", "acme-copy = acme_copy", {
-        "acme_copy/__init__.py": (
-            "from pathlib import Path\nfrom hpc_train import hookimpl\n"
-            "@hookimpl\ndef hpc_train_site_dirs():\n    return [Path(__file__).parent / 'sites']\n"),
-        "acme_copy/sites/acme.yaml": "extends: generic-slurm\n",
-    })
+    extra = fake_install(
+        tmp_path,
+        "acme-copy",
+        "acme-copy = acme_copy",
+        {
+            "acme_copy/__init__.py": (
+                "from pathlib import Path\nfrom hpc_train import hookimpl\n"
+                "@hookimpl\ndef hpc_train_site_dirs():\n    return [Path(__file__).parent / 'sites']\n"
+            ),
+            "acme_copy/sites/acme.yaml": "extends: generic-slurm\n",
+        },
+    )
     out = cli(venv, "sites", pythonpath=extra)
     assert out.returncode == 78 and "Traceback" not in out.stderr
     assert "site 'acme' is provided by two plugins:" in out.stderr
@@ -155,7 +194,13 @@ def test_the_examples_own_tests_pass_with_hpc_train_testing():
     """The admin's workflow: their tests, hpc_train.testing's fixtures, no install needed."""
     env = {**os.environ, "PYTHONPATH": str(EXAMPLE)}
     env.pop("HPC_TRAIN_UPDATE_GOLDEN", None)
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(EXAMPLE), str(EXAMPLE)],
-                         check=False, capture_output=True, text=True, cwd=EXAMPLE, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(EXAMPLE), str(EXAMPLE)],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=EXAMPLE,
+        env=env,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert "6 passed" in out.stdout

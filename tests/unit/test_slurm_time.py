@@ -3,10 +3,19 @@ import pytest
 from hpc_train.config.slurm_time import format_slurm_time, parse_slurm_time
 
 
-@pytest.mark.parametrize("text, seconds", [
-    ("90", 5400), (30, 1800), ("10:30", 630), ("12:00:00", 43200), ("36:00:00", 129600),
-    ("2-00", 172800), ("1-12:30", 131400), ("7-00:00:00", 604800),
-])
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("90", 5400),
+        (30, 1800),
+        ("10:30", 630),
+        ("12:00:00", 43200),
+        ("36:00:00", 129600),
+        ("2-00", 172800),
+        ("1-12:30", 131400),
+        ("7-00:00:00", 604800),
+    ],
+)
 def test_parses_every_slurm_format(text, seconds):
     assert parse_slurm_time(text) == seconds
 

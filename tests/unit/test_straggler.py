@@ -30,8 +30,9 @@ def test_settings_default_and_parse_and_turn_off():
         assert straggler.settings({THRESHOLD: off}).threshold is None, off
 
 
-@pytest.mark.parametrize("env", [{THRESHOLD: "fast"}, {THRESHOLD: "-0.1"}, {THRESHOLD: "nan"},
-                                 {WINDOW: "0"}, {WINDOW: "ten"}, {WINDOW: "2.5"}])
+@pytest.mark.parametrize(
+    "env", [{THRESHOLD: "fast"}, {THRESHOLD: "-0.1"}, {THRESHOLD: "nan"}, {WINDOW: "0"}, {WINDOW: "ten"}, {WINDOW: "2.5"}]
+)
 def test_an_invalid_value_is_warned_about_and_the_default_used(env):
     warnings: list[str] = []
     found = straggler.settings(env, warn=warnings.append)
@@ -57,7 +58,7 @@ def test_no_monitor_when_off_or_alone():
 # -- the rule ------------------------------------------------------------------------------------------
 def test_median_of_the_others_matches_the_definition():
     values = [5.0, 1.0, 4.0, 2.0, 3.0, 9.0]
-    assert medians_of_others(values) == [statistics.median(values[:i] + values[i + 1:]) for i in range(len(values))]
+    assert medians_of_others(values) == [statistics.median(values[:i] + values[i + 1 :]) for i in range(len(values))]
     assert medians_of_others([1.0, 1.5]) == [1.5, 1.0]  # of two ranks, each is compared with the other
 
 
@@ -126,8 +127,9 @@ def peers(*others: float):
 
 def test_monitor_gathers_once_per_window_the_time_not_in_communication(tmp_path, capsys):
     gather, calls = peers(0.010, 0.010, 0.010)
-    monitor = StragglerMonitor(Settings(0.2, 4), rank=0, world_size=4, gather=gather, seconds=straggler_seconds,
-                               folder=tmp_path, host="n0")
+    monitor = StragglerMonitor(
+        Settings(0.2, 4), rank=0, world_size=4, gather=gather, seconds=straggler_seconds, folder=tmp_path, host="n0"
+    )
     records = []
     for step in range(1, 4 * NAMED_AFTER + 1):
         records.append(monitor.on_step(step, 0.030, [(0.0, 0.005)]))  # 30 ms steps, 5 ms of them waiting
@@ -139,11 +141,12 @@ def test_monitor_gathers_once_per_window_the_time_not_in_communication(tmp_path,
     assert windows[0]["hosts"] == ["n0", "n1", "n2", "n3"] and "hosts" not in windows[1]
     err = capsys.readouterr().err
     assert err.count("straggler:") == 1
-    assert "hpc_train: straggler: rank 0 on n0 is 150% slower than the median (compute 25.0 ms/step vs 10.0 ms) " \
-           f"for {NAMED_AFTER} windows" in err
+    assert (
+        "hpc_train: straggler: rank 0 on n0 is 150% slower than the median (compute 25.0 ms/step vs 10.0 ms) "
+        f"for {NAMED_AFTER} windows" in err
+    )
     lines = [json.loads(line) for line in (tmp_path / contract.STRAGGLERS).read_text().splitlines()]
-    assert len(lines) == 1 and lines[0] == {**lines[0], "rank": 0, "host": "n0", "step": 12,
-                                            "windows": NAMED_AFTER, "run": 1}
+    assert len(lines) == 1 and lines[0] == {**lines[0], "rank": 0, "host": "n0", "step": 12, "windows": NAMED_AFTER, "run": 1}
     assert lines[0]["slowdown"] == pytest.approx(1.5, abs=1e-3)  # less the gathers' few microseconds
 
 
@@ -204,8 +207,21 @@ def run_job(tmp_path: Path, slow_rank: int, extra_s: float) -> tuple[subprocess.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HPC_TRAIN_METRICS_DIR": str(metrics), WINDOW: str(WINDOW_STEPS)}
     for name in ("HPC_TRAIN_JOB_FOLDER", "HPC_TRAIN_METRICS", THRESHOLD):
         env.pop(name, None)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
-               "--master-port", str(free_port()), str(script), str(slow_rank), str(extra_s), str(STEPS)]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "4",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        str(script),
+        str(slow_rank),
+        str(extra_s),
+        str(STEPS),
+    ]
     out = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     return out, metrics

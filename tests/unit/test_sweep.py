@@ -29,27 +29,36 @@ from tests.conftest import write
 def test_a_grid_is_the_product_of_its_axes_last_key_fastest():
     tasks = expand({"lr": [1e-4, "3e-4"], "seed": [0, 1, 2]})
     assert tasks == [
-        {"lr": "0.0001", "seed": "0"}, {"lr": "0.0001", "seed": "1"}, {"lr": "0.0001", "seed": "2"},
-        {"lr": "3e-4", "seed": "0"}, {"lr": "3e-4", "seed": "1"}, {"lr": "3e-4", "seed": "2"},
+        {"lr": "0.0001", "seed": "0"},
+        {"lr": "0.0001", "seed": "1"},
+        {"lr": "0.0001", "seed": "2"},
+        {"lr": "3e-4", "seed": "0"},
+        {"lr": "3e-4", "seed": "1"},
+        {"lr": "3e-4", "seed": "2"},
     ]
 
 
 def test_an_explicit_list_keeps_each_tasks_own_keys():
     assert expand([{"lr": 0.1}, {"lr": 0.2, "warmup": 100, "fast": True}]) == [
-        {"lr": "0.1"}, {"lr": "0.2", "warmup": "100", "fast": "true"}]
+        {"lr": "0.1"},
+        {"lr": "0.2", "warmup": "100", "fast": "true"},
+    ]
 
 
-@pytest.mark.parametrize("over, message", [
-    ({"lr": []}, "over['lr'] is empty"),
-    ({"lr": 0.1}, "expected a list of values"),
-    ({"lr": "0.1"}, "expected a list of values"),
-    ({"l r": [1]}, "'l r' is not a usable override name"),
-    ({"lr": [[1]]}, "sweep values are strings or numbers"),
-    ([], "the sweep has no tasks"),
-    ([1], "expected a mapping of overrides"),
-    ({"a-b": [1], "a_b": [2]}, "would share the variable HPC_TRAIN_SWEEP_A_B"),
-    ({"task": [1]}, "which hpc_train sets itself"),
-])
+@pytest.mark.parametrize(
+    "over, message",
+    [
+        ({"lr": []}, "over['lr'] is empty"),
+        ({"lr": 0.1}, "expected a list of values"),
+        ({"lr": "0.1"}, "expected a list of values"),
+        ({"l r": [1]}, "'l r' is not a usable override name"),
+        ({"lr": [[1]]}, "sweep values are strings or numbers"),
+        ([], "the sweep has no tasks"),
+        ([1], "expected a mapping of overrides"),
+        ({"a-b": [1], "a_b": [2]}, "would share the variable HPC_TRAIN_SWEEP_A_B"),
+        ({"task": [1]}, "which hpc_train sets itself"),
+    ],
+)
 def test_bad_overrides_are_usage_errors_that_say_what_is_wrong(over, message):
     with pytest.raises(UsageError) as info:
         expand(over)
@@ -58,8 +67,12 @@ def test_bad_overrides_are_usage_errors_that_say_what_is_wrong(over, message):
 
 def test_cli_sweeps_become_a_grid_and_reject_mistakes():
     assert parse_cli(["lr=1e-4,3e-4", "seed=0,1,2"]) == {"lr": ["1e-4", "3e-4"], "seed": ["0", "1", "2"]}
-    for bad, message in [(["lr"], "expected NAME=V1,V2"), (["lr=1,,2"], "an empty value"),
-                         (["lr=1", "lr=2"], "given twice"), (["=1"], "expected NAME=V1,V2")]:
+    for bad, message in [
+        (["lr"], "expected NAME=V1,V2"),
+        (["lr=1,,2"], "an empty value"),
+        (["lr=1", "lr=2"], "given twice"),
+        (["=1"], "expected NAME=V1,V2"),
+    ]:
         with pytest.raises(UsageError) as info:
             parse_cli(bad)
         assert message in info.value.message
@@ -85,12 +98,15 @@ def test_the_array_script_hands_each_task_its_overrides_as_arguments_and_environ
     overrides = [{"lr": "1e-4", "name": value} for value in NASTY]
     part = ArrayPart(str(tmp_path / "sweep folder"), [3, 5], overrides)
     (tmp_path / "sweep folder" / "slurm").mkdir(parents=True)
-    probe = 'printf "%s\\0" "$HPC_TRAIN_SWEEP_TASK" "$HPC_TRAIN_JOB_FOLDER" "$HPC_TRAIN_SWEEP_NAME" ' \
-            '"$HPC_TRAIN_SWEEP_OVERRIDES" "${hpc_train_sweep_args[@]}"'
+    probe = (
+        'printf "%s\\0" "$HPC_TRAIN_SWEEP_TASK" "$HPC_TRAIN_JOB_FOLDER" "$HPC_TRAIN_SWEEP_NAME" '
+        '"$HPC_TRAIN_SWEEP_OVERRIDES" "${hpc_train_sweep_args[@]}"'
+    )
     for index, task in enumerate(part.tasks):
         env = {"PATH": "/usr/bin:/bin", "SLURM_ARRAY_TASK_ID": str(index), "SLURM_ARRAY_JOB_ID": "77"}
-        out = subprocess.run(["bash", "-c", "\n".join(part.lines) + "\n" + probe], env=env, capture_output=True,
-                             text=True, check=True)
+        out = subprocess.run(
+            ["bash", "-c", "\n".join(part.lines) + "\n" + probe], env=env, capture_output=True, text=True, check=True
+        )
         got = out.stdout.split("\0")[:-1]
         folder = tmp_path / "sweep folder" / str(task)
         assert got[:3] == [str(task), str(folder), NASTY[task]]
@@ -98,8 +114,9 @@ def test_the_array_script_hands_each_task_its_overrides_as_arguments_and_environ
         assert got[4:] == ["--lr", "1e-4", "--name", NASTY[task]]
         assert folder.is_dir() and (tmp_path / "sweep folder" / "slurm" / f"77_{index}").resolve() == folder
     assert not Path("/tmp/pwned").exists()
-    wrong = subprocess.run(["bash", "-c", "\n".join(part.lines)], env={"SLURM_ARRAY_TASK_ID": "2"},
-                           capture_output=True, text=True, check=False)
+    wrong = subprocess.run(
+        ["bash", "-c", "\n".join(part.lines)], env={"SLURM_ARRAY_TASK_ID": "2"}, capture_output=True, text=True, check=False
+    )
     assert wrong.returncode == 1 and "array index 2 is not part of this sweep" in wrong.stderr
 
 
@@ -171,8 +188,22 @@ def test_cli_sweep_and_dependency_options_reach_the_job(tmp_path: Path, capsys):
     from hpc_train.cli import build_parser, main
     from hpc_train.cli.options import job_options
 
-    args = build_parser().parse_args(["submit", "--after", "5", "--after", "6,7", "--after-type", "afterany",
-                                      "--sweep", "lr=1,2", "--array-parallelism", "3", "t.py"])
+    args = build_parser().parse_args(
+        [
+            "submit",
+            "--after",
+            "5",
+            "--after",
+            "6,7",
+            "--after-type",
+            "afterany",
+            "--sweep",
+            "lr=1,2",
+            "--array-parallelism",
+            "3",
+            "t.py",
+        ]
+    )
     args.after_dashdash = []
     options = job_options(args)
     assert options["after"] == ["5", "6,7"] and options["after_type"] == "afterany"
@@ -190,8 +221,10 @@ def test_each_array_of_a_split_sweep_waits_only_for_the_one_before(tmp_path: Pat
     # a stand-in sbatch: this test is about the scripts submit_arrays writes, not about Slurm
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    write(bin_dir / "sbatch", '#!/bin/bash\nn=$(( $(ls "$SCRIPTS" | wc -l) + 101 ))\n'
-                              'cp "${@: -1}" "$SCRIPTS/$n.sh"\necho "Submitted batch job $n"\n').chmod(0o755)
+    write(
+        bin_dir / "sbatch",
+        '#!/bin/bash\nn=$(( $(ls "$SCRIPTS" | wc -l) + 101 ))\ncp "${@: -1}" "$SCRIPTS/$n.sh"\necho "Submitted batch job $n"\n',
+    ).chmod(0o755)
     (tmp_path / "scripts").mkdir()
     monkeypatch.setenv("SCRIPTS", str(tmp_path / "scripts"))
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
@@ -207,15 +240,19 @@ def test_each_array_of_a_split_sweep_waits_only_for_the_one_before(tmp_path: Pat
     assert plan.directives == before and plan.sweep is None  # the plan itself is left as it was
 
 
-@pytest.mark.parametrize("site_text, options, fragment", [
-    (None, {"nodes": 9}, "allows at most 3 nodes, 9 requested"),
-    # only the shared check (prepare.checked_plan) looks at a backend the job does not use, and at the template
-    ("extends: sandbox\nbackends:\n  deepspeed:\n    stagee: 2\n", {}, "backends.deepspeed.stagee: unknown key"),
-    ("extends: sandbox\ntemplate: nope.sh.j2\n", {}, "template 'nope.sh.j2' not found"),
-    (None, {"sbatch": {"mail-tipe": "END"}}, "did you mean --mail-type?"),
-])
-def test_a_sweep_fails_before_submitting_with_the_message_render_gives(tmp_path, site_dir, plugins, monkeypatch,
-                                                                        site_text, options, fragment):
+@pytest.mark.parametrize(
+    "site_text, options, fragment",
+    [
+        (None, {"nodes": 9}, "allows at most 3 nodes, 9 requested"),
+        # only the shared check (prepare.checked_plan) looks at a backend the job does not use, and at the template
+        ("extends: sandbox\nbackends:\n  deepspeed:\n    stagee: 2\n", {}, "backends.deepspeed.stagee: unknown key"),
+        ("extends: sandbox\ntemplate: nope.sh.j2\n", {}, "template 'nope.sh.j2' not found"),
+        (None, {"sbatch": {"mail-tipe": "END"}}, "did you mean --mail-type?"),
+    ],
+)
+def test_a_sweep_fails_before_submitting_with_the_message_render_gives(
+    tmp_path, site_dir, plugins, monkeypatch, site_text, options, fragment
+):
     import hpc_train.sweeps.submit as sweep_submit
     from hpc_train.api import render, sweep
 

@@ -16,9 +16,12 @@ SACCT = "212_0|COMPLETED|None\n212_2|CANCELLED by 0|None\n212_[3-5%2]|PENDING|Jo
 
 
 def test_parse_states_reads_tasks_ranges_and_cancelled_by():
-    assert parse_states(SQUEUE) == {("214", 1): ("COMPLETED", "None"), ("214", 3): ("RUNNING", "None"),
-                                    ("214", 0): ("PENDING", "JobArrayTaskLimit"),
-                                    ("214", 2): ("FAILED", "NonZeroExitCode")}
+    assert parse_states(SQUEUE) == {
+        ("214", 1): ("COMPLETED", "None"),
+        ("214", 3): ("RUNNING", "None"),
+        ("214", 0): ("PENDING", "JobArrayTaskLimit"),
+        ("214", 2): ("FAILED", "NonZeroExitCode"),
+    }
     states = parse_states(SACCT)
     assert states[("212", 2)] == ("CANCELLED", "None")
     assert [states[("212", i)][0] for i in (3, 4, 5)] == ["PENDING"] * 3
@@ -26,9 +29,19 @@ def test_parse_states_reads_tasks_ranges_and_cancelled_by():
 
 
 def record(n: int, arrays: list[dict], requeue: bool = False, folder: str = "/nonexistent") -> SweepRecord:
-    return SweepRecord(sweep_id=str(arrays[0]["job_id"]), folder=folder, site="sandbox", backend="mpi", job_name="x",
-                       nodes=1, procs_per_node=1, tasks_per_node=1, overrides=[{"i": str(i)} for i in range(n)],
-                       arrays=arrays, requeue=requeue)
+    return SweepRecord(
+        sweep_id=str(arrays[0]["job_id"]),
+        folder=folder,
+        site="sandbox",
+        backend="mpi",
+        job_name="x",
+        nodes=1,
+        procs_per_node=1,
+        tasks_per_node=1,
+        overrides=[{"i": str(i)} for i in range(n)],
+        arrays=arrays,
+        requeue=requeue,
+    )
 
 
 class Scheduler:

@@ -55,16 +55,26 @@ def test_cached_validator_gives_pydantics_results_without_importing_pydantic(tmp
     first, second, third = cold["results"]
     assert first[0] == "ok" and "after=['12', '13']" in first[1] and "env={'A': '3'}" in first[1]
     kinds = {(kind, loc[0]) for kind, loc, _ in second[1]}
-    assert kinds >= {("greater_than_equal", "nodes"), ("unexpected_keyword_argument", "nodez"), ("value_error", "time"),
-                     ("value_error", "job_name"), ("literal_error", "precision"), ("value_error", "sbatch")}
+    assert kinds >= {
+        ("greater_than_equal", "nodes"),
+        ("unexpected_keyword_argument", "nodez"),
+        ("value_error", "time"),
+        ("value_error", "job_name"),
+        ("literal_error", "precision"),
+        ("value_error", "sbatch"),
+    }
     assert any("did you mean 'NCCL_IB_HCA'" in msg for _, _, msg in third[1])
 
 
 def test_edited_model_is_validated_by_its_new_rules(tmp_path):
-    model = write(tmp_path / "src" / "mymodels.py", (
-        "from __future__ import annotations\nfrom dataclasses import dataclass\nfrom typing import Annotated\n"
-        "from hpc_train.config.fields import Ge, Model\n\n"
-        "@dataclass(frozen=True, kw_only=True)\nclass Opts(Model):\n    n: Annotated[int, Ge(0)] = 1\n"))
+    model = write(
+        tmp_path / "src" / "mymodels.py",
+        (
+            "from __future__ import annotations\nfrom dataclasses import dataclass\nfrom typing import Annotated\n"
+            "from hpc_train.config.fields import Ge, Model\n\n"
+            "@dataclass(frozen=True, kw_only=True)\nclass Opts(Model):\n    n: Annotated[int, Ge(0)] = 1\n"
+        ),
+    )
     cache = tmp_path / "cache"
     assert probe(cache, "mymodels", "Opts", [{"n": 3}], extra=str(model.parent))["results"][0][0] == "ok"
     assert probe(cache, "mymodels", "Opts", [{"n": 3}], extra=str(model.parent))["pydantic"] is False
@@ -123,6 +133,7 @@ def test_defaults_stand_in_even_for_required_fields():
 
 # --- the `validate` command: the check `render` runs, plus warnings ----------------------------------
 
+
 def _cli(*argv: str) -> tuple[int, str, str]:
     import contextlib
     import io
@@ -142,17 +153,25 @@ def here(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.mark.parametrize("files, fragment", [
-    ({"s.yaml": "extends: generic-slurm\ntemplate: nope.sh.j2\n"}, "s.yaml:2: template: template 'nope.sh.j2' not found"),
-    ({"s.yaml": "template: bad.sh.j2\ntemplate_dirs: [t]\n", "t/bad.sh.j2": "#!/bin/bash\n{% if %}\n"},
-     "bad.sh.j2:2: template syntax error"),
-    ({"s.yaml": "template: typo.sh.j2\ntemplate_dirs: [t]\n", "t/typo.sh.j2": "{{ plan.partiton }}\n"}, "partiton"),
-    ({"s.yaml": "template: err.sh.j2\ntemplate_dirs: [t]\n", "t/err.sh.j2": "{{ 1 + 'a' }}\n"}, "the template failed"),
-    ({"s.yaml": "backends:\n  deepspeed: {stagee: 2}\n"}, "s.yaml:2: backends.deepspeed.stagee: unknown key"),
-    ({"s.yaml": "backends:\n  torchrun: {max_restarts: true}\n"}, "s.yaml:2: backends.torchrun.max_restarts: expected an integer"),
-    ({"s.yaml": 'partitions:\n  p: {max_time: "1:00:00", default_time: "2:00:00"}\n'}, "s.yaml:2: partitions.p.default_time"),
-    ({"s.yaml": "storage:\n  my-data: /d\n"}, "s.yaml:2: storage.my-data"),
-])
+@pytest.mark.parametrize(
+    "files, fragment",
+    [
+        ({"s.yaml": "extends: generic-slurm\ntemplate: nope.sh.j2\n"}, "s.yaml:2: template: template 'nope.sh.j2' not found"),
+        (
+            {"s.yaml": "template: bad.sh.j2\ntemplate_dirs: [t]\n", "t/bad.sh.j2": "#!/bin/bash\n{% if %}\n"},
+            "bad.sh.j2:2: template syntax error",
+        ),
+        ({"s.yaml": "template: typo.sh.j2\ntemplate_dirs: [t]\n", "t/typo.sh.j2": "{{ plan.partiton }}\n"}, "partiton"),
+        ({"s.yaml": "template: err.sh.j2\ntemplate_dirs: [t]\n", "t/err.sh.j2": "{{ 1 + 'a' }}\n"}, "the template failed"),
+        ({"s.yaml": "backends:\n  deepspeed: {stagee: 2}\n"}, "s.yaml:2: backends.deepspeed.stagee: unknown key"),
+        (
+            {"s.yaml": "backends:\n  torchrun: {max_restarts: true}\n"},
+            "s.yaml:2: backends.torchrun.max_restarts: expected an integer",
+        ),
+        ({"s.yaml": 'partitions:\n  p: {max_time: "1:00:00", default_time: "2:00:00"}\n'}, "s.yaml:2: partitions.p.default_time"),
+        ({"s.yaml": "storage:\n  my-data: /d\n"}, "s.yaml:2: storage.my-data"),
+    ],
+)
 def test_validate_and_render_refuse_the_same_sites(here, files, fragment):
     for name, text in files.items():
         write(here / name, text)
@@ -164,8 +183,11 @@ def test_validate_and_render_refuse_the_same_sites(here, files, fragment):
 
 
 def test_validate_shows_warnings_sorted_by_file_and_line(here):
-    write(here / "s.yaml", "extends: generic-slurm\nenv:\n  NCCL_DEBUG: INFO\n  NCCL_WHATEVER_NEW: 1\n"
-                           "nccl_profiles:\n  fast: {NCCL_DEBUG_SUBSYS: ALL}\n")
+    write(
+        here / "s.yaml",
+        "extends: generic-slurm\nenv:\n  NCCL_DEBUG: INFO\n  NCCL_WHATEVER_NEW: 1\n"
+        "nccl_profiles:\n  fast: {NCCL_DEBUG_SUBSYS: ALL}\n",
+    )
     code, out, err = _cli("validate", "--site", "s.yaml")
     assert code == 0 and "ok: s" in out
     lines = [line for line in err.splitlines() if line.startswith("warning: s.yaml")]
@@ -192,12 +214,15 @@ def test_a_bool_is_never_a_number_and_a_union_fails_once():
     assert problem.key == "sbatch.account" and problem.message.startswith("expected a string, an integer or true/false")
 
 
-@pytest.mark.parametrize("options, where", [
-    ({"backend": "deepspeed", "backend_options": {"zero_stage": 2.0}}, "zero_stage"),
-    ({"backend": "deepspeed", "backend_options": {"micro_batch": 2.5}}, "micro_batch"),
-    ({"nodes": 2.0}, "--nodes"),
-    ({"grad_accum": True}, "--grad-accum"),
-])
+@pytest.mark.parametrize(
+    "options, where",
+    [
+        ({"backend": "deepspeed", "backend_options": {"zero_stage": 2.0}}, "zero_stage"),
+        ({"backend": "deepspeed", "backend_options": {"micro_batch": 2.5}}, "micro_batch"),
+        ({"nodes": 2.0}, "--nodes"),
+        ({"grad_accum": True}, "--grad-accum"),
+    ],
+)
 def test_a_count_given_as_a_float_or_a_yes_is_refused_not_rounded(plugins, options, where):
     from hpc_train.errors import ConfigError
     from hpc_train.testing import plan_job

@@ -32,22 +32,36 @@ RANK = textwrap.dedent("""
 
 
 def env(job: Path, timeout: str, world: int = 2) -> dict[str, str]:
-    return {**os.environ, "HPC_TRAIN_JOB_FOLDER": str(job), "HPC_TRAIN_HEARTBEATS": str(job / "heartbeats"),
-            "HPC_TRAIN_RUN": "1", "HPC_TRAIN_NODES": str(world), "HPC_TRAIN_PROCS_PER_NODE": "1",
-            "HPC_TRAIN_HANG_TIMEOUT": timeout, "SLURM_JOB_ID": ""}
+    return {
+        **os.environ,
+        "HPC_TRAIN_JOB_FOLDER": str(job),
+        "HPC_TRAIN_HEARTBEATS": str(job / "heartbeats"),
+        "HPC_TRAIN_RUN": "1",
+        "HPC_TRAIN_NODES": str(world),
+        "HPC_TRAIN_PROCS_PER_NODE": "1",
+        "HPC_TRAIN_HANG_TIMEOUT": timeout,
+        "SLURM_JOB_ID": "",
+    }
 
 
 def start_ranks(job: Path, how: str, world: int = 2) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-c", RANK, str(job), str(rank), how], env=env(job, "3", world))
-            for rank in range(world)]
+    return [
+        subprocess.Popen([sys.executable, "-c", RANK, str(job), str(rank), how], env=env(job, "3", world))
+        for rank in range(world)
+    ]
 
 
 def test_a_blocked_run_is_declared_hung_with_stacks_and_ended(tmp_path):
     ranks = start_ranks(tmp_path, "hang")
     # the watchdog watches rank 0's process as "the step" and kills it when it declares the hang
     started = time.time()
-    out = subprocess.run([sys.executable, "-m", "hpc_train.runtime.watchdog", "--step-pid", str(ranks[0].pid)],
-                         env=env(tmp_path, "3"), capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "hpc_train.runtime.watchdog", "--step-pid", str(ranks[0].pid)],
+        env=env(tmp_path, "3"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     took = time.time() - started
     ranks[0].wait(timeout=10)
     ranks[1].kill()
@@ -68,8 +82,13 @@ def test_a_stopped_rank_is_named_and_its_stacks_read_from_outside(tmp_path):
         time.sleep(0.1)
     os.kill(ranks[1].pid, signal.SIGSTOP)  # it can never answer from inside now
     try:
-        out = subprocess.run([sys.executable, "-m", "hpc_train.runtime.watchdog", "--step-pid", str(ranks[0].pid)],
-                             env=env(tmp_path, "3"), capture_output=True, text=True, timeout=90)
+        out = subprocess.run(
+            [sys.executable, "-m", "hpc_train.runtime.watchdog", "--step-pid", str(ranks[0].pid)],
+            env=env(tmp_path, "3"),
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
     finally:
         ranks[1].kill()
         ranks[0].kill()
@@ -101,36 +120,50 @@ COLLECTIVES = textwrap.dedent("""
 
 
 def test_the_flight_recorder_names_the_rank_that_has_not_entered_the_collective(tmp_path):
-    environ = {**env(tmp_path, "3"), "TORCH_FR_BUFFER_SIZE": "100", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(29400 + os.getpid() % 500)}
+    environ = {
+        **env(tmp_path, "3"),
+        "TORCH_FR_BUFFER_SIZE": "100",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(29400 + os.getpid() % 500),
+    }
     ranks = [subprocess.Popen([sys.executable, "-c", COLLECTIVES, str(tmp_path), str(r)], env=environ) for r in (0, 1)]
     try:
-        out = subprocess.run([sys.executable, "-m", "hpc_train.runtime.watchdog", "--step-pid", str(ranks[0].pid)],
-                             env=environ, capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-m", "hpc_train.runtime.watchdog", "--step-pid", str(ranks[0].pid)],
+            env=environ,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     finally:
         for rank in ranks:
             rank.kill()
     [hang] = [json.loads(line) for line in (tmp_path / "hangs.jsonl").read_text().splitlines()]
     [culprit] = hang["culprits"]
     assert culprit["rank"] == 1, (hang["culprits"], out.stderr)
-    assert culprit["reason"] == ("has not entered collective #6 (gloo:all_reduce, process group 0) that the others "
-                                 "wait in; its last was #5"), culprit
+    assert culprit["reason"] == (
+        "has not entered collective #6 (gloo:all_reduce, process group 0) that the others wait in; its last was #5"
+    ), culprit
     record = json.loads((Path(hang["dumps"]) / "rank-0.fr.json").read_text())
     assert record["entries"][-1]["profiling_name"] == "gloo:all_reduce"
 
 
 def test_a_run_that_finishes_is_left_alone(tmp_path):
     ranks = start_ranks(tmp_path, "end")
-    out = subprocess.run([sys.executable, "-m", "hpc_train.runtime.watchdog", "--step-pid", str(ranks[0].pid)],
-                         env=env(tmp_path, "3"), capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "hpc_train.runtime.watchdog", "--step-pid", str(ranks[0].pid)],
+        env=env(tmp_path, "3"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     for rank in ranks:
         assert rank.wait(timeout=30) == 0
     assert out.returncode == 0 and not (tmp_path / "hangs.jsonl").exists(), out.stderr
 
 
 def settings(tmp_path: Path, timeout: float | None, world: int = 2) -> Settings:
-    return Settings(job_folder=tmp_path, heartbeats=tmp_path, run=1, world=world, timeout=timeout,
-                    stop_file=None, job_id=None)
+    return Settings(job_folder=tmp_path, heartbeats=tmp_path, run=1, world=world, timeout=timeout, stop_file=None, job_id=None)
 
 
 def test_start_up_has_its_own_longer_allowance(tmp_path):

@@ -28,7 +28,9 @@ def run(args: argparse.Namespace) -> int:
             raise UnknownNameError("partition", args.partition, partitions, where="acme-limits")
         partitions = [args.partition]
     for partition in partitions:
-        print(f"{partition:<8} max time {MAX_TIME[partition]:<10} account {DEFAULT_ACCOUNT[partition]:<11} "
-              f"qos {DEFAULT_QOS[partition]}")
+        print(
+            f"{partition:<8} max time {MAX_TIME[partition]:<10} account {DEFAULT_ACCOUNT[partition]:<11} "
+            f"qos {DEFAULT_QOS[partition]}"
+        )
     print(f"jobs on more than {RESERVATION_ABOVE_NODES} nodes need --reservation")
     return 0

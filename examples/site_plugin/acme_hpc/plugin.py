@@ -55,15 +55,19 @@ def _partition(job: JobSpec, site: SiteConfig) -> str | None:
 def hpc_train_validate_job(job: JobSpec, site: SiteConfig) -> list[str]:
     problems = []
     if job.nodes > RESERVATION_ABOVE_NODES and not job.reservation:
-        problems.append(f"ACME: jobs on more than {RESERVATION_ABOVE_NODES} nodes need a reservation; "
-                        f"ask {SUPPORT} for one and add --reservation NAME")
+        problems.append(
+            f"ACME: jobs on more than {RESERVATION_ABOVE_NODES} nodes need a reservation; "
+            f"ask {SUPPORT} for one and add --reservation NAME"
+        )
     partition = _partition(job, site)
     part = site.partitions.get(partition or "")
     time = job.time if job.time is not None else (part.default_time if part else None)
     if partition in MAX_TIME and time is not None and parse_slurm_time(time) > parse_slurm_time(MAX_TIME[partition]):
-        problems.append(f"ACME: the {partition} partition allows {MAX_TIME[partition]} at most, "
-                        f"{format_slurm_time(parse_slurm_time(time))} asked; checkpoint and resubmit, "
-                        "or split the run")
+        problems.append(
+            f"ACME: the {partition} partition allows {MAX_TIME[partition]} at most, "
+            f"{format_slurm_time(parse_slurm_time(time))} asked; checkpoint and resubmit, "
+            "or split the run"
+        )
     return problems
 
 

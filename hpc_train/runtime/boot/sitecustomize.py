@@ -33,8 +33,7 @@ def _chain() -> None:
         importlib.import_module("sitecustomize")
     except ImportError as exc:
         if exc.name != "sitecustomize":  # the next one exists and failed: say so, as site.py would
-            print(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(exc).__name__}: {exc}",
-                  file=sys.stderr)
+            print(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(exc).__name__}: {exc}", file=sys.stderr)
     except Exception as exc:
         print(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(exc).__name__}: {exc}", file=sys.stderr)
     finally:
