@@ -71,67 +71,47 @@ def _master(environ: Mapping[str, str]) -> tuple[str, int]:
     return addr or "127.0.0.1", port
 
 
+def _torchrun(env: Mapping[str, str], addr: str, port: int) -> DistEnv:
+    world = _int(env, "WORLD_SIZE")
+    local_world = _int(env, "LOCAL_WORLD_SIZE", default=world)
+    rank = _int(env, "RANK")
+    node = _int(env, "GROUP_RANK", default=rank // max(1, local_world))
+    return DistEnv(rank, _int(env, "LOCAL_RANK", default=0), world, local_world, node, max(1, world // max(1, local_world)),
+                   addr, port, env.get(contract.ENV_LAUNCHER, "torchrun"))  # fmt: skip
+
+
+def _open_mpi(env: Mapping[str, str], addr: str, port: int) -> DistEnv:
+    rank, world = _int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_SIZE")
+    local_world = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", default=1)
+    node = _int(env, "OMPI_COMM_WORLD_NODE_RANK", default=rank // max(1, local_world))
+    return DistEnv(rank, _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", default=0), world, local_world, node,
+                   max(1, world // max(1, local_world)), addr, port, "mpirun")  # fmt: skip
+
+
+def _srun_task(env: Mapping[str, str], addr: str, port: int) -> DistEnv:
+    world = _int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
+    nodes = _int(env, "SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", default=1)
+    per_node = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+    local_world = _int(env, *per_node, default=max(1, world // nodes))
+    return DistEnv(_int(env, "SLURM_PROCID"), _int(env, "SLURM_LOCALID", default=0), world, local_world,
+                   _int(env, "SLURM_NODEID", default=0), nodes, addr, port, "srun")  # fmt: skip
+
+
+def _submitit_local(env: Mapping[str, str], addr: str, port: int) -> DistEnv:
+    world = _int(env, "SUBMITIT_LOCAL_NTASKS", default=1)
+    return DistEnv(_int(env, "SUBMITIT_LOCAL_GLOBALID"), _int(env, "SUBMITIT_LOCAL_LOCALID", default=0), world, world,
+                   0, 1, addr, port, "submitit-local")  # fmt: skip
+
+
 def detect(environ: Mapping[str, str] | None = None) -> DistEnv:
     env = os.environ if environ is None else environ
     addr, port = _master(env)
     if "RANK" in env and "WORLD_SIZE" in env:  # torchrun, the deepspeed launcher, our launch shim
-        world = _int(env, "WORLD_SIZE")
-        local_world = _int(env, "LOCAL_WORLD_SIZE", default=world)
-        rank = _int(env, "RANK")
-        return DistEnv(
-            rank,
-            _int(env, "LOCAL_RANK", default=0),
-            world,
-            local_world,
-            _int(env, "GROUP_RANK", default=rank // max(1, local_world)),
-            max(1, world // max(1, local_world)),
-            addr,
-            port,
-            env.get(contract.ENV_LAUNCHER, "torchrun"),
-        )
+        return _torchrun(env, addr, port)
     if "OMPI_COMM_WORLD_RANK" in env:  # mpirun (or srun --mpi=pmix once MPI has started)
-        rank = _int(env, "OMPI_COMM_WORLD_RANK")
-        world = _int(env, "OMPI_COMM_WORLD_SIZE")
-        local_world = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", default=1)
-        return DistEnv(
-            rank,
-            _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", default=0),
-            world,
-            local_world,
-            _int(env, "OMPI_COMM_WORLD_NODE_RANK", default=rank // max(1, local_world)),
-            max(1, world // max(1, local_world)),
-            addr,
-            port,
-            "mpirun",
-        )
+        return _open_mpi(env, addr, port)
     if "SLURM_STEP_ID" in env and "SLURM_PROCID" in env:  # a task of an srun step (not the batch shell)
-        world = _int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
-        nodes = _int(env, "SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", default=1)
-        local_world = _int(
-            env, "SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", default=max(1, world // nodes)
-        )
-        return DistEnv(
-            _int(env, "SLURM_PROCID"),
-            _int(env, "SLURM_LOCALID", default=0),
-            world,
-            local_world,
-            _int(env, "SLURM_NODEID", default=0),
-            nodes,
-            addr,
-            port,
-            "srun",
-        )
+        return _srun_task(env, addr, port)
     if "SUBMITIT_LOCAL_GLOBALID" in env:  # submitit's local executor (function jobs on the local site)
-        world = _int(env, "SUBMITIT_LOCAL_NTASKS", default=1)
-        return DistEnv(
-            _int(env, "SUBMITIT_LOCAL_GLOBALID"),
-            _int(env, "SUBMITIT_LOCAL_LOCALID", default=0),
-            world,
-            world,
-            0,
-            1,
-            addr,
-            port,
-            "submitit-local",
-        )
+        return _submitit_local(env, addr, port)
     return DistEnv(0, 0, 1, 1, 0, 1, addr, port, "single")

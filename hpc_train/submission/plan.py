@@ -184,21 +184,7 @@ def build_plan(
     backend, options = _backend(job, site, plugins, problems)
     res = _resources(job, site, problems)
     tasks = backend.tasks_per_node(res.procs) if kind == "script" else res.procs
-    _check_fit(job, res, tasks, problems)
-    _check_sbatch_names(job, problems)
-    selection = nccl.select(site.nccl_profiles, job.nccl_profile, res.part.nccl_profile, site.name)  # extends, +debug
-    for message, hint in selection.problems:
-        problems.add("nccl_profile", message, hint)
-    _check_container(job, site, problems)
-    _check_user(job, resolved, problems)
-    requeue = _requeue(job, site, res, problems)
-    _check_spares(job, site, res, requeue, kind, problems)
-    node_check = _node_check(job, site, requeue, kind, problems)
-    layout = _layout(job, res, plugins, problems)
-    for message in plugins.validate_job(job, site):
-        problems.add("", message, source=f"site policy ({site.name})")
-    if problems:
-        raise ConfigError(list(problems))
+    selection, requeue, node_check, layout = _checked(job, resolved, res, tasks, kind, plugins, problems)
     names = _names(job, site, kind, function_name)
     info = _launch_info(job, site, res, names, requeue, extra_script_args, layout)
     env = _environment(job, site, res, selection, backend, options, info, plugins, layout, names, requeue)
@@ -239,6 +225,33 @@ def build_plan(
         warnings=nccl.job_warnings(selection, site, res.part_name, resolved.provenance, problems.site_file),
     )
     return dataclasses.replace(plan, extra=plugins.template_context(plan))
+
+
+def _checked(
+    job: JobSpec, resolved: ResolvedSite, res: _Resources, tasks: int, kind: str, plugins: Plugins, problems: _Problems
+) -> tuple[Any, _Requeue, bool, Any]:
+    """The steps that can find a problem, all of them run; then every problem raised together.
+
+    Returns what the later steps build on: the NCCL profile selection, the requeue decision, whether
+    the node check runs, and the parallel layout.
+    """
+    site = resolved.config
+    _check_fit(job, res, tasks, problems)
+    _check_sbatch_names(job, problems)
+    selection = nccl.select(site.nccl_profiles, job.nccl_profile, res.part.nccl_profile, site.name)  # extends, +debug
+    for message, hint in selection.problems:
+        problems.add("nccl_profile", message, hint)
+    _check_container(job, site, problems)
+    _check_user(job, resolved, problems)
+    requeue = _requeue(job, site, res, problems)
+    _check_spares(job, site, res, requeue, kind, problems)
+    node_check = _node_check(job, site, requeue, kind, problems)
+    layout = _layout(job, res, plugins, problems)
+    for message in plugins.validate_job(job, site):
+        problems.add("", message, source=f"site policy ({site.name})")
+    if problems:
+        raise ConfigError(list(problems))
+    return selection, requeue, node_check, layout
 
 
 def _backend(job: JobSpec, site: SiteConfig, plugins: Plugins, problems: _Problems) -> tuple[Backend, Any]:
