@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -172,16 +174,44 @@ def _submit_slurm(plan: JobPlan, render: Callable[[JobPlan], str], fn: Any, args
         params["time"] = max(1, plan.time_seconds // 60)
     executor.update_parameters(**params)
     try:
-        if plan.kind == "function":
-            with _slurm_conf_for_submitit(login_slurm_conf(plan)):
-                return executor.submit(fn, *args, **kwargs)
-        return submit_script(executor, login_slurm_conf(plan))
+        with _no_leftovers(Path(plan.job_root)), contextlib.redirect_stderr(io.StringIO()):
+            # submitit prints sbatch's stderr before raising it: we say it once, in the error
+            if plan.kind == "function":
+                with _slurm_conf_for_submitit(login_slurm_conf(plan)):
+                    return executor.submit(fn, *args, **kwargs)
+            return submit_script(executor, login_slurm_conf(plan))
     except FailedJobError as exc:
-        raise SchedulerError(["sbatch", "<script>"], str(exc), "is slurmctld up? `scontrol ping` tells") from None
+        raise SchedulerError(["sbatch", "<script>"], str(exc), _hint_for(str(exc))) from None
     except FailedSubmissionError as exc:
         raise SchedulerError(["sbatch", "<script>"], str(exc)) from None
     except FileNotFoundError as exc:
         raise SchedulerError("sbatch", str(exc)) from None
+
+
+# sbatch's words when it never reached the controller (as opposed to the controller refusing the job)
+_UNREACHABLE = re.compile(r"unable to contact|socket timed out|connection refused|communication|slurm_persist_conn", re.I)
+
+
+def _hint_for(message: str) -> str | None:
+    return "is slurmctld up? `scontrol ping` tells" if _UNREACHABLE.search(message) else None
+
+
+@contextlib.contextmanager
+def _no_leftovers(job_root: Path) -> Iterator[None]:
+    """A submission sbatch refused leaves nothing behind: submitit writes the script (and a function job's
+    pickle) into the job root before it calls sbatch, and keeps them only once there is a job id."""
+    before = set(os.listdir(job_root)) if job_root.is_dir() else set()
+    try:
+        yield
+    except BaseException:
+        for name in set(os.listdir(job_root)) - before if job_root.is_dir() else ():
+            if _SUBMITIT_TEMPORARY.fullmatch(name):
+                with contextlib.suppress(OSError):
+                    (job_root / name).unlink()
+        raise
+
+
+_SUBMITIT_TEMPORARY = re.compile(r"\.submission_file_[0-9a-f]{32}\.sh|[0-9a-f]{32}\.pkl")
 
 
 @contextlib.contextmanager
