@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -47,13 +48,32 @@ def run(args: argparse.Namespace) -> int:
         "runs": handle.runs,
         "folder": str(handle.folder),
         "log": str(handle.log_path(0)),
+        "cause": _cause(handle.folder) if state == "FAILED" else None,
     }
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
     runs = handle.runs
     print(f"job {handle.job_id}: {state}" + (f" (run {runs}, {runs - 1} restart{'s' if runs != 2 else ''})" if runs > 1 else ""))
-    for key in ("site", "backend", "kind", "nodes", "procs_per_node", "node_list", "elapsed", "exit_code", "folder", "log"):
+    for key in (
+        "site",
+        "backend",
+        "kind",
+        "nodes",
+        "procs_per_node",
+        "node_list",
+        "elapsed",
+        "exit_code",
+        "cause",
+        "folder",
+        "log",
+    ):
         if data[key] not in ("", None):
             print(f"  {key.replace('_', ' ')}: {data[key]}")
     return 0
+
+
+def _cause(folder: Path) -> str | None:
+    from hpc_train.jobs.cause import failure_cause
+
+    return failure_cause(folder)

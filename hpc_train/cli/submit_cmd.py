@@ -59,4 +59,10 @@ def run(args: argparse.Namespace) -> int:
     code = handle.exit_code()
     if not args.parsable:
         print(f"job {handle.job_id} {state} (exit {code})", file=sys.stderr)
+        if state == "FAILED":
+            from hpc_train.jobs.cause import failure_cause
+
+            cause = failure_cause(handle.folder)
+            if cause:
+                print(f"  cause: {cause}\n  all of it: python -m hpc_train logs {handle.job_id} --stderr", file=sys.stderr)
     return code
