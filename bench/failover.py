@@ -89,12 +89,14 @@ def wait(job: str, timeout: float = 600) -> None:
         time.sleep(0.5)
 
 
-def timings(folder: Path) -> tuple[float, float]:
+def timings(folder: Path) -> tuple[float, float, float]:
+    """(detection, verdict to training again, of which: the verdict to the hang's report -- the stacks and
+    flight records collected -- so the rest is ending the step and starting the next run)."""
     [hang] = [json.loads(line) for line in (folder / "hangs.jsonl").read_text().splitlines()]
     verdict = max(r["at"] for r in hang["ranks"].values()) + hang["quiet_s"]
     lines = [json.loads(line) for line in (folder / "metrics" / "steps.jsonl").read_text().splitlines()]
     first = min(r["time"] for r in lines if r.get("run") == 2 and "step" in r and "event" not in r)
-    return hang["quiet_s"], first - verdict
+    return hang["quiet_s"], first - verdict, hang["at"] - verdict
 
 
 def main() -> None:
@@ -102,7 +104,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--hang-timeout", type=int, default=10)
     args = parser.parse_args()
-    results: dict[str, list[tuple[float, float]]] = {"inside the allocation": [], "requeue": []}
+    results: dict[str, list[tuple[float, float, float]]] = {"inside the allocation": [], "requeue": []}
     with tempfile.TemporaryDirectory(dir="/tmp/hpc_train-sandbox/jobs") as root:
         for _ in range(args.repeats):
             for label, spares in (("inside the allocation", 1), ("requeue", 0)):
@@ -112,7 +114,8 @@ def main() -> None:
     for label, rows in results.items():
         print(
             f"{label:>22}: detection {statistics.median(r[0] for r in rows):5.1f} s "
-            f"(timeout {args.hang_timeout} s), fault to training again {statistics.median(r[1] for r in rows):6.1f} s"
+            f"(timeout {args.hang_timeout} s), fault to training again {statistics.median(r[1] for r in rows):6.1f} s "
+            f"(stacks and flight records {statistics.median(r[2] for r in rows):4.1f} s of it)"
         )
     inside = statistics.median(r[1] for r in results["inside the allocation"])
     requeue = statistics.median(r[1] for r in results["requeue"])
