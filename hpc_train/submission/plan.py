@@ -454,10 +454,13 @@ def _node_check(job: JobSpec, site: SiteConfig, requeue: _Requeue, kind: str, pr
 def _health_env(job: JobSpec, site: SiteConfig, requeue: _Requeue) -> dict[str, str]:
     """The watchdog's timeout (none: learned from the run), the straggler rule, node exclusion."""
     env = {contract.ENV_STRAGGLER_THRESHOLD: f"{_straggler_threshold(job, site):g}"}
-    if _watchdog(job, site, requeue):
+    watchdog = _watchdog(job, site, requeue)
+    if watchdog:
         timeout = _hang_timeout(job, site)
         if timeout is not None:
             env[contract.ENV_HANG_TIMEOUT] = f"{timeout:g}"
+    node_check = requeue.enabled and (job.node_check if job.node_check is not None else site.health.node_check)
+    if watchdog or node_check:  # both name suspects; without this the requeue could land on the same node
         env[contract.ENV_EXCLUDE_SUSPECTS] = "1" if site.health.exclude_suspect_nodes else "0"
     return env
 

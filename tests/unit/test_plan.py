@@ -328,6 +328,9 @@ def test_the_node_check_runs_where_a_failing_node_can_be_replaced(plugins):
     from hpc_train.testing import plan_job
 
     assert plan_job(plugins, "sandbox", node_check=True).node_check
+    # its suspects are avoided by the requeue even with the watchdog off
+    quiet = plan_job(plugins, "sandbox", node_check=True, hang_timeout="off")
+    assert not quiet.watchdog and {e.name: e.value for e in quiet.env}["HPC_TRAIN_EXCLUDE_SUSPECTS"] == "1"
     assert not plan_job(plugins, "sandbox").node_check  # opt-in: the site's health.node_check is off
     with pytest.raises(ConfigError) as caught:
         plan_job(plugins, "sandbox", node_check=True, requeue=False)
