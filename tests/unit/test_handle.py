@@ -17,6 +17,13 @@ def test_only_a_begin_time_hold_is_a_requeue_hold(state, reason, held):
     assert held_after_requeue({"JobState": state, "Reason": reason}) is held
 
 
+def slurm_job(folder, **record) -> JobHandle:
+    """A one-node Slurm script job's handle, as submit records it."""
+    fields = dict(job_id="7", folder=str(folder), scheduler="slurm", kind="script", site="sandbox", backend="torchrun",
+                  nodes=1, procs_per_node=1, tasks_per_node=1, job_name="t")  # fmt: skip
+    return JobHandle(JobRecord(**{**fields, **record}))
+
+
 def test_a_requeue_hold_is_released_only_after_the_credential_margin(monkeypatch, tmp_path):
     # Releasing in the same second as the requeue makes Slurm refuse the new run's credential and fail it.
     clock = [100.0]
@@ -25,21 +32,7 @@ def test_a_requeue_hold_is_released_only_after_the_credential_margin(monkeypatch
     monkeypatch.setattr(
         slurm_cmd.subprocess, "run", lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0, "", "")
     )
-    handle = JobHandle(
-        JobRecord(
-            job_id="7",
-            folder=str(tmp_path),
-            scheduler="slurm",
-            kind="script",
-            site="sandbox",
-            backend="torchrun",
-            nodes=1,
-            procs_per_node=1,
-            tasks_per_node=1,
-            job_name="t",
-            release_held=True,
-        )
-    )
+    handle = slurm_job(tmp_path, release_held=True)
     monkeypatch.setattr(handle, "_controller_info", lambda: {"JobState": "PENDING", "Reason": "BeginTime"})
     assert not handle.release_if_held()  # first seen now
     clock[0] += handle_module.RELEASE_MARGIN_S - 0.5
@@ -55,20 +48,7 @@ def test_wait_backs_off_while_nothing_changes_and_polls_fast_again_on_a_change(m
     monkeypatch.setattr(handle_module.time, "sleep", sleeps.append)
     monkeypatch.setattr(JobHandle, "state", property(lambda self: next(states)))
     monkeypatch.setattr(JobHandle, "scheduler_info", lambda self: {})  # the controller has nothing to say
-    handle = JobHandle(
-        JobRecord(
-            job_id="7",
-            folder=str(tmp_path),
-            scheduler="slurm",
-            kind="script",
-            site="sandbox",
-            backend="torchrun",
-            nodes=1,
-            procs_per_node=1,
-            tasks_per_node=1,
-            job_name="t",
-        )
-    )
+    handle = slurm_job(tmp_path)
     assert handle.wait(poll_s=1.0) == "COMPLETED"
     assert sleeps[:2] == [1.0, 1.0]  # a new state: look again soon
     assert sleeps[2:] == sorted(sleeps[2:]) and sleeps[-1] == 10.0  # then ever slower, capped
