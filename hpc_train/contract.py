@@ -27,6 +27,7 @@ EXCLUDE_NODES = "exclude_nodes"  # the ExcNodeList the failure path sets after i
 RUN_START_STEP = "run_start_step"  # "RUN STEP": the newest committed checkpoint when the run began
 STRAGGLERS = "stragglers.jsonl"  # one line per rank named slower than the others (hpc_train.runtime.straggler)
 NODE_CHECKS = "node_checks.jsonl"  # one line per node and run: its check at start-up (hpc_train.runtime.node_check)
+PROFILE = "profile"  # run-R/rank-N.*.pt.trace.json (torch.profiler) or run-R/rank-N.nsys-rep: --profile
 
 # The variables between the two sides: the plan (hpc_train.submission.plan) exports some, the batch
 # script (templates/sbatch/base.sh.j2) sets others as the job runs; the runtime reads them.
@@ -88,9 +89,16 @@ ENV_UPDATE_GOLDEN = "HPC_TRAIN_UPDATE_GOLDEN"  # "1": hpc_train.testing rewrites
 ENV_PRECISION = "HPC_TRAIN_PRECISION"  # --precision: fp32, bf16 or fp16
 ENV_GRAD_CLIP = "HPC_TRAIN_GRAD_CLIP"  # --grad-clip: the gradient norm to clip to (a float)
 ENV_GRAD_ACCUM = "HPC_TRAIN_GRAD_ACCUM"  # --grad-accum: micro-batches per optimizer step
+ENV_MICRO_BATCH = "HPC_TRAIN_MICRO_BATCH"  # --micro-batch: "auto" or samples per micro-batch (runtime.memory)
 ENV_COMM_HOOK = "HPC_TRAIN_COMM_HOOK"  # --comm-hook: DDP gradient compression (none, fp16, bf16, powersgd)
 ENV_ACTIVATION_CHECKPOINTING = "HPC_TRAIN_ACTIVATION_CHECKPOINTING"  # "1": recompute activations in backward
 ENV_EXACT_RESUME = "HPC_TRAIN_EXACT_RESUME"  # "0"/"1": fixed DDP gradient buckets (bit-identical resumes)
+ENV_PROFILE = "HPC_TRAIN_PROFILE"  # --profile: torch or nsys, its steps and ranks (hpc_train.config.profile_spec)
+ENV_NSYS = "HPC_TRAIN_NSYS"  # with --profile nsys: nsys on the compute nodes (the site's tools.nsys): plan
+ENV_PROFILE_SCRIPT = "HPC_TRAIN_PROFILE_SCRIPT"  # with --profile nsys: the script whose python nsys runs: plan
+ENV_NSYS_WRAPPED = "HPC_TRAIN_NSYS_WRAPPED"  # set by hpc_train.runtime.nsys_exec: this process tree is under nsys
+ENV_MAX_BAD_STEPS = "HPC_TRAIN_MAX_BAD_STEPS"  # --max-bad-steps: non-finite steps in a row before stop/rollback
+ENV_ON_DIVERGENCE = "HPC_TRAIN_ON_DIVERGENCE"  # --on-divergence: stop or rollback after them
 ENV_BACKEND_OPTIONS = "HPC_TRAIN_BACKEND_OPTIONS"  # JSON: the backend's options, site defaults under the job's
 ENV_SITE = "HPC_TRAIN_SITE"  # the site's name, as the plan resolved it
 ENV_JOB_ROOT = "HPC_TRAIN_JOB_ROOT"  # the folder the job folders are made in (--job-root, the site's job_root)

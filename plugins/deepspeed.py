@@ -389,6 +389,10 @@ class DeepSpeed(Backend):
     Options = DeepSpeedOptions
     runtime = "hpc_train_plugins.deepspeed_runtime:DeepSpeedRuntime"
     supports_comm_hook = False
+    fixed_micro_batch = (
+        "the engine fixes train_micro_batch_size_per_gpu and gradient_accumulation_steps from its config when it is "
+        "built, and ZeRO reduces gradients during backward; set them in the ds_config (--deepspeed-config)"
+    )
     options: DeepSpeedOptions
 
     def env(self, info: LaunchInfo) -> dict[str, str]:

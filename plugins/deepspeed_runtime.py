@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 from typing import Any
 
@@ -72,9 +73,34 @@ class DeepSpeedRuntime(BackendRuntime):
             self.micro_step += 1
             return True  # train_batch() already stepped
         boundary = self.model.is_gradient_accumulation_boundary()
-        self.model.step()  # clips, steps and zeroes at boundaries, per the ds_config
+        if boundary and self.numerics is not None:
+            self._checked_step()
+        else:
+            self.model.step()  # clips, steps and zeroes at boundaries, per the ds_config
         self.micro_step += 1
         return bool(boundary)
+
+    def _checked_step(self) -> None:
+        """The engine's step with the numerics check. Its ZeRO, bf16 and fp16 optimizers skip a
+        non-finite step themselves (an overflow, agreed across ranks): counted, not skipped twice. A
+        plain torch optimizer (no ZeRO, fp32) does not: hpc_train checks the averaged gradients first and
+        drops them, so the engine's step updates nothing."""
+        engine = self.model
+        if not hasattr(engine.optimizer, "overflow"):
+            if not self.numerics.check(self, self.gradient_norm()):
+                engine.zero_grad()  # no gradients: the optimizer leaves every parameter as it is
+            engine.step()
+            return
+        skipped_before = engine.skipped_steps
+        engine.step()
+        norm = engine.get_global_grad_norm()
+        finite = norm is not None and math.isfinite(float(norm))
+        self.numerics.framework_step(
+            self,
+            skipped=engine.skipped_steps > skipped_before,
+            norm=float(norm) if finite else None,
+            loss_scaling=bool(engine.fp16_enabled()),
+        )
 
     def unwrap(self, model: Any) -> Any:
         return getattr(model, "module", model)

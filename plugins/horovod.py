@@ -27,6 +27,10 @@ class Horovod(MpiLaunched):
     summary = "Horovod: hvd.DistributedOptimizer over MPI ranks (srun --mpi=pmix, one task per process)"
     Options = HorovodOptions
     runtime = "hpc_train_plugins.horovod_runtime:HorovodRuntime"
+    fixed_micro_batch = (
+        "hvd.DistributedOptimizer fixes its backward passes per step when it is built and starts its all-reduces "
+        "during backward, where a rank out of memory would leave the others waiting; use --grad-accum"
+    )
     options: HorovodOptions
 
     def env(self, info: LaunchInfo) -> dict[str, str]:

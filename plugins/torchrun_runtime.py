@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hpc_train.runtime.base import BackendRuntime
+from hpc_train.runtime.base import BackendRuntime, average_in_place
 
 
 class TorchrunRuntime(BackendRuntime):
@@ -53,6 +53,13 @@ class TorchrunRuntime(BackendRuntime):
         # the model is DDP's only with more than one process and without a --parallel layout
         if hasattr(self.model, "require_backward_grad_sync"):
             self.model.require_backward_grad_sync = sync
+
+    def synchronize_gradients(self) -> None:
+        """Average here what DDP did not in backward: under --micro-batch every backward runs without
+        its all-reduce, so that a rank out of memory mid-backward leaves no collective half done."""
+        if getattr(self.model, "require_backward_grad_sync", True):
+            return  # DDP averaged in backward (or there is no DDP)
+        average_in_place([p.grad for p in self.model.parameters() if p.grad is not None], self.env.world_size)
 
 
 def _fix_bucket_layout(ddp: Any) -> None:

@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hpc_train.jobs import goodput, report
+    from hpc_train.jobs import goodput, report, traces
 
     folder = Path(args.job_id)
     title = None
@@ -48,8 +48,9 @@ def run(args: argparse.Namespace) -> int:
         folder, title = handle.folder, f"job {handle.job_id}"
     metrics = report.load(folder)
     summary = report.summarize(metrics)
+    job_folder = metrics.path.parent.parent if metrics.path.parent.name == "metrics" else metrics.path.parent
+    summary["profile"] = traces.summary(job_folder)  # None without --profile
     if args.goodput:
-        job_folder = metrics.path.parent.parent if metrics.path.parent.name == "metrics" else metrics.path.parent
         summary["goodput"] = goodput.as_dict(goodput.load(job_folder, sacct=args.sacct))
     plots: list[Path] = []
     if args.plots and metrics.rows:

@@ -11,6 +11,8 @@ from hpc_train import contract
 from hpc_train.config.duration import optional_duration
 from hpc_train.config.fields import After, Before, Ge, Gt, Le, Model, setting
 from hpc_train.config.models import Env, MemSize, SbatchValue, SlurmTime, sbatch_problem
+from hpc_train.config.profile_spec import SpecError
+from hpc_train.config.profile_spec import parse as parse_profile
 from hpc_train.config.slurm_time import format_slurm_time
 from hpc_train.config.text import kind_of, unsafe_char
 from hpc_train.errors import UsageError
@@ -26,6 +28,16 @@ def _parallel(value: str | dict[str, int] | None) -> str | None:
         return canonical_layout(value)
     except UsageError as exc:
         raise ValueError(str(exc).replace("\n  hint: ", "; ")) from None
+
+
+def _profile(value: str | None) -> str | None:
+    # checked and spelled out here, so the job reads back exactly what was decided (hpc_train.config.profile_spec)
+    if value is None:
+        return None
+    try:
+        return str(parse_profile(value))
+    except SpecError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def _as_timedelta(seconds: int) -> str:
@@ -82,6 +94,17 @@ def _sbatch_keys(value: dict[str, Any]) -> dict[str, Any]:
 
 
 Line = Annotated[str | None, After(_single_line)]
+
+
+def _micro_batch(value: Any) -> str | None:
+    # "auto" or a whole number of samples, kept as text: the flag, the variable and the API spell it alike
+    if value is None:
+        return None
+    text = str(value).strip().lower()
+    if not isinstance(value, bool) and (text == "auto" or (text.isdigit() and int(text) >= 1)):
+        return text if text == "auto" else str(int(text))
+    raise ValueError(f"expected 'auto' or a whole number of samples of at least 1 (like 8), got {value!r}")
+
 
 # The --help headings of ``submit`` and ``render``, in this order; a field with ``group=`` is a flag
 # under its heading (hpc_train.cli.options), in the order of the fields.
@@ -181,6 +204,15 @@ class JobSpec(Model):
     grad_accum: Annotated[int, Ge(1)] | None = setting(
         None, "micro-batches per optimizer step", group=TRAINING, metavar="N", env=contract.ENV_GRAD_ACCUM
     )
+    micro_batch: Annotated[str | None, Before(_micro_batch)] = setting(
+        None,
+        "samples per forward/backward ('auto': the largest that fits); the loader's batch stays the step's",
+        group=TRAINING,
+        metavar="N|auto",
+        help="split each loader batch into micro-batches of N samples, accumulated to one step "
+        "(auto: the largest that fits; an out-of-memory step is redone with half)",
+        env=contract.ENV_MICRO_BATCH,
+    )
     comm_hook: Literal["none", "fp16", "bf16", "powersgd"] | None = setting(
         None, "DDP gradient compression", group=TRAINING, env=contract.ENV_COMM_HOOK
     )
@@ -190,6 +222,23 @@ class JobSpec(Model):
         group=TRAINING,
         negatable=False,
         env=contract.ENV_ACTIVATION_CHECKPOINTING,
+    )
+    # bad numerics (hpc_train.runtime.numerics): a non-finite loss or gradient always skips the step
+    max_bad_steps: Annotated[int, Ge(0)] | None = setting(
+        None,
+        "optimizer steps in a row with a non-finite loss or gradient before --on-divergence acts (0: never; default 5)",
+        group=TRAINING,
+        metavar="N",
+        help="skipped steps in a row (non-finite loss or gradient) before the run stops or rolls back (0: never; default 5)",
+        env=contract.ENV_MAX_BAD_STEPS,
+    )
+    on_divergence: Literal["stop", "rollback"] | None = setting(
+        None,
+        "after --max-bad-steps bad steps in a row: stop the run (not retried), or restore the last checkpoint "
+        "and go on past the bad batches",
+        group=TRAINING,
+        help="after --max-bad-steps bad steps in a row: stop (default; not retried) or rollback to the last checkpoint",
+        env=contract.ENV_ON_DIVERGENCE,
     )
     # preemption and time limits (defaults: the site's requeue policy)
     requeue: bool | None = setting(
@@ -283,6 +332,16 @@ class JobSpec(Model):
         group=TRAINING,
         env=contract.ENV_METRICS,
         help="record step time, throughput, loss, communication (default on; see `report`)",
+    )
+    profile: Annotated[str | None, After(_profile)] = setting(
+        None,
+        "profile chosen steps and ranks: torch (torch.profiler traces) or nsys (Nsight Systems), e.g. "
+        "'torch:wait=5,warmup=2,active=3,ranks=0,last' (docs/profiling.md)",
+        group=TRAINING,
+        metavar="torch|nsys[:SPEC]",
+        help="profile steps wait..wait+warmup+active of each run on chosen ranks (default 0 and the last): "
+        "torch traces or nsys reports in <job>/profile/; SPEC like wait=5,warmup=2,active=3,ranks=0,last",
+        env=contract.ENV_PROFILE,
     )
     # tensor / pipeline parallel layout (hpc_train.submission.layout); checked against the resources by the plan
     parallel: Annotated[str | dict[str, int] | None, After(_parallel)] = setting(

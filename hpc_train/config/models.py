@@ -260,6 +260,15 @@ class Health(Model):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Tools(Model):
+    """Programs on the compute nodes that job options run; ``doctor`` checks that they are there."""
+
+    nsys: str | None = setting(
+        "nsys", "Nsight Systems for --profile nsys: a path or a command on PATH; null: the site has none (refused at submit)"
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class SiteConfig(Model):
     """A cluster (or this machine) as hpc_train targets it."""
 
@@ -280,6 +289,7 @@ class SiteConfig(Model):
     container: Container = setting(factory=Container)
     requeue: Requeue = setting(factory=Requeue)
     health: Health = setting(factory=Health)
+    tools: Tools = setting(factory=Tools)
     storage: dict[Annotated[str, After(_storage_key)], str] = setting(
         doc="named shared paths, exported as HPC_TRAIN_<NAME>_DIR", factory=dict
     )

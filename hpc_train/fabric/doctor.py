@@ -600,6 +600,32 @@ def check_packages(backends: Mapping[str, Any], installed: Callable[[str], str |
     return Check("python packages", OK, summary)
 
 
+def check_nsys(ctx: Context, run: Runner) -> Check:
+    """Nsight Systems for ``--profile nsys``: the site's ``tools.nsys`` (default: nsys on PATH)."""
+    tools = getattr(ctx.site, "tools", None)
+    nsys = tools.nsys if tools is not None else "nsys"
+    if not nsys:
+        return Check("nsys", OK, f"site {ctx.site.name} has none (tools.nsys: null): --profile nsys is refused at submit")
+    code, out = run([nsys, "--version"])
+    if code == 0:
+        version = re.search(r"version\s+([0-9][0-9.]*[0-9])", out)
+        said = version.group(1) if version else "(version not said)"
+        return Check("nsys", OK, f"Nsight Systems {said} ({nsys}): --profile nsys works here")
+    if code is None:
+        summary = f"{nsys!r} not found: --profile nsys would fail on this node"
+    else:
+        summary = f"`{nsys} --version` failed (exit {code}): " + (out.strip().splitlines() or ["no output"])[0]
+    if not ctx.in_job:  # the login node need not have it; the compute nodes do
+        return Check("nsys", OK, summary.replace("this node", "this machine") + "; `doctor --submit` checks the compute nodes")
+    return Check(
+        "nsys",
+        WARN,
+        summary,
+        "install Nsight Systems (or load its module in the site's `modules`), set tools.nsys in the site file to its path, "
+        "or tools.nsys: null so that --profile nsys is refused at submit",
+    )
+
+
 def check_site_config(ctx: Context) -> Check:
     if ctx.site is None:
         return Check("site config", OK, "no site given")
@@ -627,6 +653,7 @@ def diagnose(
     checks.append(check_infiniband(ctx, sys_root))
     checks.extend(check_interfaces(ctx, sys_root))
     checks.append(check_slurm(ctx, run))
+    checks.append(check_nsys(ctx, run))
     if backends is not None:
         packages = check_packages(backends)
         if packages.status == FAIL and not ctx.in_job:  # no backend runs on a login node: only its jobs need them

@@ -17,9 +17,10 @@ from typing import Any
 
 from hpc_train import contract
 from hpc_train.errors import UsageError
-from hpc_train.jobs import goodput
+from hpc_train.jobs import goodput, traces
 
 JSONL = contract.STEPS
+NUMERICS_EVENTS = ("bad_step", "rollback")  # hpc_train.runtime.numerics's lines in steps.jsonl
 
 
 @dataclass
@@ -40,6 +41,8 @@ class Metrics:
     bad_lines: int = 0
     windows: list[dict[str, Any]] = field(default_factory=list)  # per-rank compute times, one per window
     stragglers: list[dict[str, Any]] = field(default_factory=list)  # ranks named slower than the others
+    memory: list[dict[str, Any]] = field(default_factory=list)  # "micro_batch" lines and run_end's peaks per rank
+    numerics: list[dict[str, Any]] = field(default_factory=list)  # skipped steps and rollbacks (runtime.numerics)
 
     @property
     def hosts(self) -> dict[int, str]:
@@ -83,6 +86,8 @@ def load(folder: str | Path) -> Metrics:
     by_step: dict[int, dict[str, Any]] = {}
     runs: dict[int, Run] = {}
     windows: list[dict[str, Any]] = []
+    numerics: list[dict[str, Any]] = []
+    memory: list[dict[str, Any]] = []
     bad = 0
     with path.open(errors="replace") as f:
         for line in f:
@@ -104,9 +109,15 @@ def load(folder: str | Path) -> Metrics:
                 run = runs.get(int(record.get("run", 0)))
                 if run is not None:
                     run.end_time, run.end_step = record.get("time"), record.get("step")
+                if isinstance(record.get("peak_bytes"), list):  # every rank's peak memory, at the run's end
+                    memory.append({**record, "event": "memory"})
             elif event == "ranks":
                 if isinstance(record.get("compute_ms"), list) and isinstance(record.get("last_step"), int):
                     windows.append(record)
+            elif event in NUMERICS_EVENTS:
+                numerics.append(record)
+            elif event in ("memory", "micro_batch"):
+                memory.append(record)
             elif event is not None:
                 continue  # a kind of line a newer writer added: not a step
             elif "step" in record:
@@ -118,7 +129,10 @@ def load(folder: str | Path) -> Metrics:
             if own:
                 run.end_time, run.end_step = own[-1].get("time"), own[-1]["step"]
     ordered = [runs[k] for k in sorted(runs)]
-    return Metrics(path, rows, ordered, bad, _current_windows(windows, ordered), _read_lines(path.parent / contract.STRAGGLERS))
+    found = Metrics(path, rows, ordered, bad, _current_windows(windows, ordered), _read_lines(path.parent / contract.STRAGGLERS))
+    found.numerics = numerics
+    found.memory = memory
+    return found
 
 
 def _current_windows(windows: list[dict[str, Any]], runs: list[Run]) -> list[dict[str, Any]]:
@@ -183,9 +197,47 @@ def summarize(m: Metrics) -> dict[str, Any]:
         out["gpu_util_mean"] = round(statistics.fmean(r["gpu_util"] for r in gpu), 1)
         out["gpu_mem_max_bytes"] = max(r.get("gpu_mem_bytes", 0) for r in gpu)
     out.update(_rank_summary(m))
+    out.update(_memory_summary(m))
+    out.update(_numerics_summary(m))
     if m.bad_lines:
         out["unreadable_lines"] = m.bad_lines
     return out
+
+
+def _numerics_summary(m: Metrics) -> dict[str, Any]:
+    """The gradient norm over the run, the steps skipped for a non-finite loss or gradient, the rollbacks."""
+    out: dict[str, Any] = {}
+    norms = [r["grad_norm"] for r in m.rows if isinstance(r.get("grad_norm"), (int, float))]
+    if norms:
+        out["grad_norm"] = {"first": norms[0], "last": norms[-1], "median": statistics.median(norms), "max": max(norms)}
+    bad = [e for e in m.numerics if e.get("event") == "bad_step"]
+    scale = sum(1 for r in m.rows if r.get("scale_skipped"))
+    if bad or scale or any(r.get("nonfinite") for r in m.rows):
+        out["skipped_steps"] = [{k: e.get(k) for k in ("step", "run", "reason", "ranks", "consecutive", "action")} for e in bad]
+        out["scale_skips"] = scale
+    rollbacks = [{k: e.get(k) for k in ("step", "restored", "run")} for e in m.numerics if e.get("event") == "rollback"]
+    if rollbacks:
+        out["rollbacks"] = rollbacks
+    return out
+
+
+def _numerics_lines(s: dict[str, Any]) -> list[tuple[str, str]]:
+    lines = []
+    if "grad_norm" in s:
+        g = s["grad_norm"]
+        lines.append(("grad norm", f"{g['first']:.4g} -> {g['last']:.4g} (median {g['median']:.4g}, max {g['max']:.4g})"))
+    if "skipped_steps" in s:
+        skipped = s["skipped_steps"]
+        steps = ", ".join(str(e["step"]) for e in skipped[:10]) + (", ..." if len(skipped) > 10 else "")
+        text = f"{len(skipped)} skipped for a non-finite loss or gradient" + (f" (steps {steps})" if skipped else "")
+        lines.append(("bad steps", text + (f"; {s['scale_skips']} loss-scale overflow skips" if s.get("scale_skips") else "")))
+        for e in skipped[:10]:
+            ranks = e.get("ranks") or []
+            who = f"loss not finite on rank {', '.join(map(str, ranks))}" if ranks else "averaged gradient not finite"
+            lines.append(("", f"step {e['step']} (run {e.get('run', '?')}): {who}; {e.get('action', 'skipped')}"))
+    for r in s.get("rollbacks", []):
+        lines.append(("rollback", f"at step {r['step']} to the checkpoint of step {r['restored']} (run {r.get('run', '?')})"))
+    return lines
 
 
 def _rank_summary(m: Metrics) -> dict[str, Any]:
@@ -214,6 +266,20 @@ def _rank_summary(m: Metrics) -> dict[str, Any]:
                 "host": m.hosts.get(rank),
                 "slowdown": round(statistics.fmean(ratios[rank]) - 1, 4),
             }
+    return out
+
+
+def _memory_summary(m: Metrics) -> dict[str, Any]:
+    """Peak memory per rank (the newest run's end, else rank 0's rows) and the micro-batch chosen last."""
+    out: dict[str, Any] = {}
+    peaks = [e["peak_bytes"] for e in m.memory if e.get("event") == "memory" and isinstance(e.get("peak_bytes"), list)]
+    rank0 = [r["peak_mem_bytes"] for r in m.rows if isinstance(r.get("peak_mem_bytes"), (int, float))]
+    if peaks or rank0:
+        out["peak_mem_bytes"] = peaks[-1] if peaks else [max(rank0)]
+    chosen = [e for e in m.memory if e.get("event") == "micro_batch"]
+    if chosen:
+        out["micro_batch"] = {k: chosen[-1].get(k) for k in ("micro_batch", "batch", "per_step", "reason", "step")}
+        out["micro_batch_changes"] = len(chosen)
     return out
 
 
@@ -250,11 +316,21 @@ def format_summary(s: dict[str, Any]) -> str:
         add("loss", f"{s['first_loss']:.4g} -> {s['final_loss']:.4g} (rank 0)")
     if "gpu_util_mean" in s:
         add("GPU", f"{s['gpu_util_mean']:.0f}% utilised on average, {s['gpu_mem_max_bytes'] / 2**30:.1f} GiB at most")
+    for label, line in _numerics_lines(s):
+        add(label, line)
+    if "peak_mem_bytes" in s:
+        add("peak memory", ", ".join(f"{b / 2**30:.2f} GiB (rank {r})" for r, b in enumerate(s["peak_mem_bytes"])))
+    if "micro_batch" in s:
+        mb = s["micro_batch"]
+        why = f"{mb['per_step']} per step; {mb['reason']}, step {mb['step']} on"
+        add("micro-batch", f"{mb['micro_batch']} of {mb['batch']} ({why})")
     if "stragglers" in s:
         for label, line in zip(["stragglers"] + [""] * len(s["stragglers"]), _straggler_lines(s)):
             add(label, line)
     if s.get("unreadable_lines"):
         add("note", f"{s['unreadable_lines']} unreadable line(s) skipped")
+    if s.get("profile"):  # --profile's traces: top operators, communication against compute (hpc_train.jobs.traces)
+        lines.extend(traces.format_lines(s["profile"]))
     if s.get("goodput"):  # where the allocation went and how each run ended (hpc_train.jobs.goodput)
         lines.extend(goodput.format_lines(s["goodput"]))
     return "\n".join(lines)

@@ -113,6 +113,9 @@ class Backend:
     runtime: ClassVar[str] = "hpc_train.runtime.base:AllReduceRuntime"
     #: whether --comm-hook applies: the runtime registers DDP communication hooks (the default runtime does not)
     supports_comm_hook: ClassVar[bool] = False
+    #: why the runtime cannot split batches and change the accumulation as it runs (--micro-batch is then
+    #: refused at submit with this reason); None: it can (hpc_train.runtime.memory)
+    fixed_micro_batch: ClassVar[str | None] = None
     #: the --parallel axes ("dp", "tp", "pp") the runtime builds a device mesh for; () takes no layout
     parallel_axes: ClassVar[tuple[str, ...]] = ()
     #: distributions the job imports on the compute nodes, as pip names them (``doctor`` checks them)

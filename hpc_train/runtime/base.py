@@ -54,6 +54,7 @@ class BackendRuntime:
         self.scaler: Any = None
         self.micro_step = 0
         self.metrics: Any = None  # the Context's MetricsRecorder (times the communication); None when off
+        self.numerics: Any = None  # the Context's NumericsGuard (hpc_train.runtime.numerics)
 
     # -- setup ---------------------------------------------------------------------------
     @functools.cached_property
@@ -159,16 +160,41 @@ class BackendRuntime:
         self.synchronize_gradients()
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        if self.options.grad_clip is not None:
-            import torch
-
-            torch.nn.utils.clip_grad_norm_(self.parameters(), self.options.grad_clip)
-        self.optimizer_step()
+        norm = self.clip_gradients()
+        # a non-finite loss or gradient on any rank: every rank skips (the scaler's own skips stay its own)
+        if self.numerics is None or self.numerics.check(self, norm, loss_scaling=self.scaler is not None):
+            self.optimizer_step()
         if self.scaler is not None:
             self.scaler.update()
         self.optimizer.zero_grad()  # set_to_none by default; Horovod's wrapper takes no arguments
         self.set_gradient_sync(accum == 1)
         return True
+
+    def clip_gradients(self) -> Any:
+        """Clip to --grad-clip; the gradient norm before clipping (a tensor), which clipping computes anyway,
+        else one fused norm for the numerics check; None when neither wants it."""
+        if self.options.grad_clip is not None:
+            import torch
+
+            return torch.nn.utils.clip_grad_norm_(self.parameters(), self.options.grad_clip)
+        return self.gradient_norm() if self.numerics is not None else None
+
+    def gradient_norm(self) -> Any:
+        """The 2-norm of this rank's (averaged) gradients: one norm per tensor in one fused call, then one of those."""
+        import torch
+
+        # a tensor-parallel shard's own part (as hpc_train.runtime.parallel._local): ranks then disagree, see gradients_agree
+        grads = [getattr(p.grad, "_local_tensor", p.grad) for p in self.parameters()]
+        if not grads:
+            return None
+        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+
+    def gradients_agree(self) -> bool:
+        """Whether every rank holds the same averaged gradients at the step, so a non-finite norm is seen
+        on every rank and the numerics check needs no collective. Not so when ranks hold different
+        parameters (tensor or pipeline parallel)."""
+        parallel = self.parallel
+        return parallel is None or (parallel.tp_size == 1 and parallel.pp_size == 1)
 
     def synchronize_gradients(self) -> None:
         """Make gradients identical across ranks before clipping, at each optimizer step; nothing here

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpc_train import contract
+from hpc_train.runtime.no_retry import refuse_retry
 from hpc_train.runtime.preemption import StopWatcher, log, requeue
 
 if TYPE_CHECKING:
@@ -388,7 +389,7 @@ class Checkpointer:
         )
         if self.ctx.is_main:
             log(message)
-            self._no_retry(message)
+            refuse_retry(self.no_retry_file, message)
         raise CheckpointError(message, repeats=True)
 
     def _load(self, path: Path) -> None:
@@ -466,21 +467,8 @@ class Checkpointer:
         reports = self.ctx.runtime.gather_object(None if failure is None else (str(failure), failure.repeats))
         message, repeats = next(r for r in reports if r is not None)
         if repeats and self.ctx.is_main:
-            self._no_retry(message)
+            refuse_retry(self.no_retry_file, message)
         raise CheckpointError(message, repeats=repeats)
-
-    def _no_retry(self, reason: str) -> None:
-        """Tell the batch script that requeueing would fail the same way (read by --on-failure requeue)."""
-        if not self.no_retry_file:
-            return
-        marker = Path(self.no_retry_file)
-        try:
-            marker.write_text(reason + "\n")
-        except OSError:  # a full disk: an empty marker needs no data block (the reason is in the log)
-            try:
-                marker.touch()
-            except OSError as exc:
-                log(f"could not write {marker} ({exc}); --on-failure requeue will retry this run")
 
     def _write_guarded(self, snapshot: dict[str, Any], tmp: Path, final: Path, step: int) -> None:
         try:

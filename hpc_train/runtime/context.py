@@ -16,9 +16,12 @@ from hpc_train.runtime.checkpoint import Checkpointer
 from hpc_train.runtime.data import DistributedLoader, batches
 from hpc_train.runtime.environment import DistEnv, detect
 from hpc_train.runtime.heartbeat import Heartbeat
+from hpc_train.runtime.memory import MicroBatcher, rank_peaks
 from hpc_train.runtime.metrics import recorder_for
+from hpc_train.runtime.numerics import NumericsGuard
 from hpc_train.runtime.options import RuntimeOptions
 from hpc_train.runtime.parallel import ParallelState, with_layout
+from hpc_train.runtime.profiling import profiler_for
 
 
 class Context:
@@ -32,8 +35,14 @@ class Context:
         # per-step metrics (hpc_train.runtime.metrics); None when off (HPC_TRAIN_METRICS=0)
         self.metrics = runtime.metrics = recorder_for(backend, runtime, default=metrics)
         self._checkpointers: list[Checkpointer] = []  # closed by shutdown(): their threads end with the job
+        # non-finite losses and gradients skip the step on every rank (hpc_train.runtime.numerics)
+        self.numerics = runtime.numerics = NumericsGuard.for_runtime(runtime)
         # progress for the job's watchdog (hang detection); None unless the batch script runs one
         self.heartbeat = Heartbeat.from_env(env.rank)
+        # --micro-batch: loader batches split and accumulated, halved after an OOM (hpc_train.runtime.memory)
+        self.memory = MicroBatcher.for_runtime(runtime, self.metrics)
+        # --profile on this rank: torch.profiler or nsys over chosen steps (hpc_train.runtime.profiling); else None
+        self.profiler = profiler_for(runtime)
         self._shut_down = False
 
     # -- identity ----------------------------------------------------------------------------
@@ -68,8 +77,12 @@ class Context:
         if checkpointing:
             apply_activation_checkpointing(model, checkpointing if isinstance(checkpointing, tuple) else None)
         model, optimizer = self.runtime.prepare(model, optimizer)
+        if self.memory is not None:
+            self.memory.watch(model)
         if self.metrics is not None:
             self.metrics.watch(model)
+        if self.profiler is not None:
+            self.profiler.watch(model, self.runtime)
         if self.heartbeat is not None:
             # an evaluation pass makes no optimizer step but is not a hang (on the unwrapped model too)
             heartbeat = self.heartbeat
@@ -84,16 +97,21 @@ class Context:
         """This rank's shard of ``dataset``; each pass is a new, consistently shuffled epoch."""
         # with a --parallel layout the ranks of one tp group / pipeline read the same batches: shard by dp
         rank, size = (self.parallel.dp_rank, self.parallel.dp_size) if self.parallel else (self.env.rank, self.env.world_size)
-        return DistributedLoader(
+        loader = DistributedLoader(
             dataset, batch_size, rank, size, shuffle=shuffle, seed=seed, drop_last=drop_last, **loader_kwargs
         )
+        if self.memory is not None:
+            loader.split = self.memory.split  # each batch in micro-batches; batch_size stays the step's
+        return loader
 
     def batches(self, loader: DistributedLoader, start: int = 0, total: int | None = None) -> Iterator[Any]:
         """Batches epoch after epoch from overall batch ``start`` (what restore() returned), ending once
         batch ``total`` is reached (none left when restore() returned ``total``); without end if no total."""
         if self.metrics is not None:
             self.metrics.start_at(start)
-        return batches(loader, start, total)
+        self.numerics.start_at(start)
+        found = batches(loader, start, total)  # counted in the script's batches, whatever the micro-batch
+        return self.memory.split(found) if self.memory is not None else found
 
     def checkpointer(
         self,
@@ -114,22 +132,33 @@ class Context:
         )
         if self.metrics is not None:
             self.metrics.follow_restore(checkpointer)
+        if self.memory is not None:  # a halved micro-batch stays halved after a restore
+            checkpointer.track("hpc_train.memory", self.memory)
+        if self.profiler is not None:
+            self.profiler.follow(checkpointer)
         self._checkpointers.append(checkpointer)
         return checkpointer
 
     def backward(self, loss: Any) -> None:
         """Backward with loss scaling (fp16) and accumulation; the loss is recorded in the job's metrics."""
+        if self.memory is not None and self.memory.active:  # weighted by the micro-batch's share of the batch;
+            self.memory.backward(self.numerics.on_backward(loss))  # the metrics get the batch's loss at the step
+            return
         if self.metrics is not None:
             self.metrics.on_backward(loss)
-        self.runtime.backward(loss)
+        self.runtime.backward(self.numerics.on_backward(loss))  # a non-finite loss makes its gradients NaN
 
     def step(self) -> bool:
         """After each backward: at accumulation boundaries unscale, clip, step, zero. True if it stepped."""
-        stepped = self.runtime.step()
+        stepped = self.memory.step() if self.memory is not None and self.memory.active else self.runtime.step()
         if stepped and self.metrics is not None:
             self.metrics.on_step()
         if stepped and self.heartbeat is not None:
             self.heartbeat.beat()
+        if stepped and self.profiler is not None:
+            self.profiler.step()
+        if stepped:  # too many non-finite steps in a row: stop (DivergenceError) or roll back, on every rank
+            self.numerics.after_step(self._checkpointers)
         return stepped
 
     def log(self, **scalars: Any) -> None:
@@ -197,6 +226,10 @@ class Context:
         if self.heartbeat is not None:  # the rank whose own error came first names the node to avoid
             self.heartbeat.finishing(None if orderly else error or _uncaught() or RuntimeError("ended by an error"))
         try:
+            if self.profiler is not None:  # a run that ends inside its window keeps what was recorded
+                self.profiler.close()
+            if orderly and self.metrics is not None:  # every rank's peak memory, in one all-reduce
+                self.metrics.at_end.update(device=self.device.type, peak_bytes=rank_peaks(self.runtime))
             if self.metrics is not None:
                 self.metrics.close()
             if orderly:

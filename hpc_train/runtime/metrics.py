@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpc_train import contract
 from hpc_train.runtime import straggler
+from hpc_train.runtime.memory import peak_bytes
 
 if TYPE_CHECKING:
     from hpc_train.runtime.base import BackendRuntime
@@ -175,6 +176,7 @@ class MetricsRecorder:
         self._comm: list[tuple[Any, Any]] = []
         self._pending: list[tuple[Any, ...]] = []
         self._windows: list[dict[str, Any]] = []  # the straggler monitor's per-rank records, written at flush
+        self._events: list[dict[str, Any]] = []  # lines of their own (a skipped step, a rollback), written at flush
         self.straggler: straggler.StragglerMonitor | None = None  # set by attach(): it needs the runtime's gather
         self._last_flush = time.perf_counter()
         self._last_prom = -math.inf
@@ -187,6 +189,7 @@ class MetricsRecorder:
         self._gpu: Callable[[], dict[str, float]] | None = None
         self._gpu_checked = False
         self.last: dict[str, Any] = {}  # the newest written row (for tests and ctx users)
+        self.at_end: dict[str, Any] = {}  # more for the run_end line: every rank's peak memory (the Context's)
         if self.writes:
             atexit.register(self.close)
 
@@ -209,6 +212,7 @@ class MetricsRecorder:
             folder=self.folder if self.rank == 0 else None,
             run=self.run,
             group=getattr(parallel, "stage", None) if parallel is not None and parallel.pp_size > 1 else None,
+            samples=True,  # per-rank samples per step (data balance), counted at the model's forward
         )
 
     def time_method(self, obj: Any, name: str) -> None:
@@ -312,6 +316,15 @@ class MetricsRecorder:
         for name, value in scalars.items():
             target[str(name)] = value.detach() if hasattr(value, "detach") else value
 
+    def step_scalars(self, scalars: dict[str, Any]) -> None:
+        """Numbers of the step under way from the runtime itself (the gradient norm, a skip)."""
+        self._extras.update(scalars)
+
+    def event(self, record: dict[str, Any]) -> None:
+        """A line of its own in steps.jsonl (``{"event": ...}``), written with the next flush (rank 0)."""
+        if self.writes:
+            self._events.append(record)
+
     def on_step(self) -> None:
         now = time.perf_counter()
         if now - self._last_flush >= self.flush_s:
@@ -322,7 +335,7 @@ class MetricsRecorder:
         samples = self._samples if self._samples_known else None
         self._pending.append((self.step, time.time(), step_s, samples, loss, self._comm, self._extras))
         if self.straggler is not None:
-            window = self.straggler.on_step(self.step, step_s, self._comm)  # a gather once per window
+            window = self.straggler.on_step(self.step, step_s, self._comm, samples)  # a gather once per window
             if window is not None and self.writes:
                 self._windows.append(window)
         self._comm, self._extras = [], {}
@@ -337,9 +350,10 @@ class MetricsRecorder:
         self._last_flush = time.perf_counter()
         if not pending or not self.writes:
             return []
+        events, self._events = self._events, []  # recorded at a step: written after its row
         try:
             rows = self._rows(pending)
-            self._write(rows, windows)
+            self._write(rows, windows, events)
         except Exception as exc:  # metrics must never end a training run
             _log(f"disabled after an error: {type(exc).__name__}: {exc}")
             self.writes = False
@@ -371,12 +385,15 @@ class MetricsRecorder:
             for name, value in zip(extras, _to_floats(list(extras.values()))):
                 row.setdefault(name, value)
             rows.append(row)
+        rows[-1]["peak_mem_bytes"] = peak_bytes(self.device_type)  # a high-water mark: one sample per flush
         gpu = self._gpu_sample()
         if gpu:
             rows[-1].update(gpu)  # utilisation is a time average: one sample per flush
         return rows
 
-    def _write(self, rows: list[dict[str, Any]], windows: list[dict[str, Any]] | None = None) -> None:
+    def _write(
+        self, rows: list[dict[str, Any]], windows: list[dict[str, Any]] | None = None, events: list[dict[str, Any]] | None = None
+    ) -> None:
         assert self.folder is not None
         if self._jsonl is None:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -395,7 +412,8 @@ class MetricsRecorder:
                 "device": self.device_type,
             }
             self._jsonl.write(json.dumps(header) + "\n")
-        self._jsonl.write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows + (windows or [])))
+        lines = rows + (windows or []) + (events or [])
+        self._jsonl.write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in lines))
         self._jsonl.flush()  # to the OS: readable from the login node; no fsync per flush
         self._write_tensorboard(rows)
         if windows and self._tb:
@@ -534,7 +552,7 @@ class MetricsRecorder:
             return
         try:
             if self._jsonl is not None:
-                end = {"event": "run_end", "run": self.run, "step": self.step, "time": round(time.time(), 3)}
+                end = {"event": "run_end", "run": self.run, "step": self.step, "time": round(time.time(), 3), **self.at_end}
                 self._jsonl.write(json.dumps(end) + "\n")
                 self._jsonl.close()
             if self._tb:

@@ -29,21 +29,31 @@ class RuntimeOptions:
     precision: str = "fp32"
     grad_clip: float | None = None
     grad_accum: int = 1
+    micro_batch: str | None = None  # "auto" or a size: hpc_train.runtime.memory
     comm_hook: str = "none"
     activation_checkpointing: bool = False
     exact_resume: bool = True
+    profile: str | None = None  # --profile: hpc_train.runtime.profiling (checked there)
+    max_bad_steps: int = 5  # hpc_train.runtime.numerics
+    on_divergence: str = "stop"
     backend_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         from hpc_train.config.fields import field_kinds
 
         kinds = field_kinds(_job_spec())
-        for name in ("precision", "comm_hook"):  # the values the job's field (a Literal) takes
+        for name in ("precision", "comm_hook", "on_divergence"):  # the values the job's field (a Literal) takes
             choices = kinds[name].choices or ()
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
         if self.grad_accum < 1:
             raise ValueError(f"grad_accum must be at least 1, got {self.grad_accum}")
+        if self.micro_batch is not None:
+            from hpc_train.runtime.memory import parse
+
+            parse(self.micro_batch)  # "auto" or a size of at least 1
+        if self.max_bad_steps < 0:
+            raise ValueError(f"max_bad_steps must be 0 (never stop) or more, got {self.max_bad_steps}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **defaults: Any) -> RuntimeOptions:

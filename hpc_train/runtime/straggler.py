@@ -171,12 +171,16 @@ class Rule:
     windows: int = NAMED_AFTER
     streaks: dict[int, Streak] = field(default_factory=dict)
 
-    def update(self, compute: Sequence[float | None], groups: Sequence[Any] | None = None) -> list[Named]:
+    def update(
+        self, compute: Sequence[float | None], groups: Sequence[Any] | None = None, excused: frozenset[int] = frozenset()
+    ) -> list[Named]:
+        """``excused``: ranks whose slowness their larger share of the data explains (not slow per sample)."""
         named = []
         compared = slowdowns(compute, groups)
         for rank in range(len(compute)):
             value, reference = compared.get(rank, (0.0, 0.0))
-            if not reference or value <= reference * (1 + self.threshold) or value - reference < MIN_EXCESS_S:
+            slow = reference and value > reference * (1 + self.threshold) and value - reference >= MIN_EXCESS_S
+            if not slow or rank in excused:
                 self.streaks.pop(rank, None)  # recovered (or not measured): the streak starts over
                 continue
             streak = self.streaks.setdefault(rank, Streak())
@@ -220,6 +224,7 @@ class StragglerMonitor:
         run: int = 1,
         group: Any = None,
         host: str | None = None,
+        samples: bool = False,
     ) -> None:
         assert settings.threshold is not None
         self.window, self.rank, self.world_size, self.run = settings.window, rank, world_size, run
@@ -237,12 +242,20 @@ class StragglerMonitor:
         self._walls: list[float] = []
         self._comms: list[list[Any]] = []
         self._gather_s = 0.0  # the last gather's own time: it lies in the next window's first step
+        # samples per step go along (data balance): every rank decides alike, the gather is collective
+        self.with_samples = samples
+        self._samples: list[int] = []
+        self._wall_per_step: float | None = None
+        self.imbalance_told = False
 
-    def on_step(self, step: int, step_s: float | None, comm: list[Any]) -> dict[str, Any] | None:
-        """Count one step; at a window's end, compare the ranks (rank 0: the window's record)."""
+    def on_step(self, step: int, step_s: float | None, comm: list[Any], samples: int | None = None) -> dict[str, Any] | None:
+        """Count one step (``samples``: this rank's, when known); at a window's end, compare the ranks
+        (rank 0: the window's record)."""
         if step_s is not None:
             self._walls.append(step_s)
             self._comms.append(comm)
+            if samples is not None:
+                self._samples.append(samples)
         if self._first_step is None:
             self._first_step = step
         self._count += 1
@@ -260,11 +273,12 @@ class StragglerMonitor:
         start = time.perf_counter()
         first_window = self.hosts is None
         compute = self._exchange(mine)  # every rank, same step: a collective
+        counts = self.gather_numbers(self._samples_per_step()) if self.with_samples else None
         self._gather_s = time.perf_counter() - start
         if not self.judging:
             return None
         try:
-            return self._judge(compute, first if first is not None else step, step, first_window)
+            return self._judge(compute, first if first is not None else step, step, first_window, counts)
         except Exception as exc:
             # Only the judging stops: rank 0 goes on gathering, or the other ranks would wait in a
             # gather it never joins. Detection is an aid; it must not end a run.
@@ -289,9 +303,17 @@ class StragglerMonitor:
         self.settle()  # on a GPU: the window's events have completed, and its wall time is the device's
         comm = self.seconds([interval for step in comms for interval in step])
         wall = sum(walls) - self._gather_s
+        self._wall_per_step = wall / len(walls)
         return max(0.0, wall - comm) / len(walls)
 
-    def _judge(self, compute: list[float | None], first: int, last: int, first_window: bool) -> dict[str, Any]:
+    def _samples_per_step(self) -> float | None:
+        """This rank's mean samples per step over the window; None unless every timed step counted them."""
+        counted, self._samples = self._samples, []
+        return sum(counted) / len(counted) if counted else None
+
+    def _judge(
+        self, compute: list[float | None], first: int, last: int, first_window: bool, counts: list[float | None] | None = None
+    ) -> dict[str, Any]:
         record: dict[str, Any] = {
             "event": "ranks",
             "run": self.run,
@@ -308,9 +330,39 @@ class StragglerMonitor:
         known = [c for c in compute if c is not None]
         if known:
             record["median_ms"] = round(_median(known) * 1e3, 4)
-        for named in self.rule.update(compute, groups):
+        excused = self._per_sample(compute, counts, record, groups) if counts else frozenset()
+        for named in self.rule.update(compute, groups, excused):
             self._name(named, last)
         return record
+
+    def _per_sample(
+        self, compute: list[float | None], counts: list[float | None], record: dict[str, Any], groups: Sequence[Any] | None
+    ) -> frozenset[int]:
+        """Every rank's samples per step and per second in the record; when the ranks' shares differ, the
+        ranks not slower than their peers per sample: more data is imbalance, not a slow rank. A rank is
+        named only when slow both per step and per sample (a step's fixed cost makes per sample alone
+        unfair to the ranks with less data)."""
+        if any(c is None or c <= 0 for c in counts):
+            return frozenset()
+        shares = [float(c) for c in counts if c is not None]
+        record["samples"] = [round(c, 3) for c in shares]
+        if self._wall_per_step:  # the ranks step together: one wall time per step for all
+            record["samples_per_s"] = [round(c / self._wall_per_step, 3) for c in shares]
+        if max(shares) <= min(shares):
+            return frozenset()
+        median = _median(shares)
+        record["imbalance"] = round(max(shares) / min(shares) - 1, 4)
+        if not self.imbalance_told:
+            self.imbalance_told = True
+            most = shares.index(max(shares))
+            _log(
+                f"data: rank {most} trains on {shares[most]:g} samples per step, the median rank on {median:g} "
+                f"({record['imbalance'] * 100:.0f}% more than the least); a rank is named a straggler only when "
+                "it is slower per sample too"
+            )
+        per_sample = [None if c is None else c / n for c, n in zip(compute, shares)]
+        judged = slowdowns(per_sample, groups)
+        return frozenset(r for r, (value, ref) in judged.items() if value <= ref * (1 + self.rule.threshold))
 
     def _name(self, named: Named, step: int) -> None:
         host = self.hosts[named.rank] if self.hosts else "?"
@@ -360,6 +412,7 @@ def monitor(
     run: int = 1,
     group: Any = None,
     environ: Mapping[str, str] | None = None,
+    samples: bool = False,
 ) -> StragglerMonitor | None:
     """The monitor for this process; None when off or alone (nobody to compare with).
 
@@ -384,4 +437,5 @@ def monitor(
         folder=folder,
         run=run,
         group=group,
+        samples=samples,
     )

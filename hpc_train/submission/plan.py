@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from hpc_train import contract
+from hpc_train.config import profile_spec
 from hpc_train.config.errors import problems_from_validation
 from hpc_train.config.fields import field_names, to_env
 from hpc_train.config.job import JobSpec
@@ -247,6 +248,7 @@ def _checked(
     _check_spares(job, site, res, requeue, kind, problems)
     node_check = _node_check(job, site, requeue, kind, problems)
     layout = _layout(job, res, plugins, problems)
+    _check_profile(job, site, res, kind, problems)
     for message in plugins.validate_job(job, site):
         problems.add("", message, source=f"site policy ({site.name})")
     if problems:
@@ -274,7 +276,29 @@ def _backend(job: JobSpec, site: SiteConfig, plugins: Plugins, problems: _Proble
             f"backend {job.backend!r} has no DDP communication hooks",
             f"use it with --backend {able}" if able else None,
         )
+    _check_micro_batch(job, backend_cls, plugins, problems)
     return backend_cls(options if options is not None else defaults(backend_cls.Options)), options
+
+
+def _check_micro_batch(job: JobSpec, backend_cls: type[Backend], plugins: Plugins, problems: _Problems) -> None:
+    """--micro-batch needs a runtime that can change the accumulation as it runs (the backend says)."""
+    if job.micro_batch is None:
+        return
+    if backend_cls.fixed_micro_batch:
+        able = " or ".join(sorted(n for n, c in plugins.backends.items() if not c.fixed_micro_batch))
+        problems.add(
+            "micro_batch",
+            f"backend {job.backend!r} cannot change the micro-batch as it runs: {backend_cls.fixed_micro_batch}",
+            f"use --micro-batch with --backend {able}" if able else None,
+        )
+    if (job.grad_accum or 1) > 1:
+        problems.add(
+            "micro_batch",
+            "--micro-batch sets the accumulation itself: the loader's batch is one optimizer step",
+            "drop --grad-accum and give ctx.loader the whole batch per rank",
+        )
+    if job.parallel:
+        problems.add("micro_batch", "--micro-batch does not apply under --parallel (a pipeline has its own micro-batches)")
 
 
 def _resources(job: JobSpec, site: SiteConfig, problems: _Problems) -> _Resources:
@@ -486,6 +510,30 @@ def _layout(job: JobSpec, res: _Resources, plugins: Plugins, problems: _Problems
     return layout
 
 
+def _check_profile(job: JobSpec, site: SiteConfig, res: _Resources, kind: str, problems: _Problems) -> None:
+    """--profile's ranks against the job's world, and nsys against what the site says it has."""
+    if job.profile is None:
+        return
+    found = profile_spec.problems(
+        profile_spec.parse(job.profile),
+        world_size=job.nodes * res.procs,
+        where=f"{job.nodes} node(s) x {res.procs} per node",
+        nsys=site.tools.nsys,
+        site=site.name,
+        script_job=kind == "script",
+    )
+    for message, hint in found:
+        problems.add("--profile", message, hint)
+
+
+def _profile_env(job: JobSpec, site: SiteConfig, names: _Names) -> dict[str, str]:
+    """Under --profile nsys the job's sitecustomize puts the chosen ranks' python under nsys
+    (hpc_train.runtime.nsys_exec): it needs which nsys, and which script's python is a rank's."""
+    if job.profile is None or profile_spec.parse(job.profile).kind != "nsys" or not site.tools.nsys:
+        return {}
+    return {contract.ENV_NSYS: site.tools.nsys, contract.ENV_PROFILE_SCRIPT: names.script}
+
+
 def _names(job: JobSpec, site: SiteConfig, kind: str, function_name: str | None) -> _Names:
     workdir = os.path.abspath(job.workdir or os.getcwd())
     script = ""
@@ -573,6 +621,7 @@ def _environment(
             contract.ENV_JOB_ROOT: names.job_root,
             **({contract.ENV_STOP_SIGNAL: requeue.policy.signal} if requeue.enabled else {}),  # the ranks save and stop on it
             **_health_env(job, site, requeue),
+            **_profile_env(job, site, names),
         },
         "hpc_train",
     )

@@ -127,14 +127,18 @@ def test_every_env_field_is_a_contract_variable_and_reads_back_as_it_was():
         precision="bf16",
         grad_clip=1.0,
         grad_accum=4,
+        micro_batch="auto",
         comm_hook="powersgd",
         activation_checkpointing=True,
+        max_bad_steps=3,
+        on_divergence="rollback",
         checkpoint_every=100,
         keep_checkpoints=3,
         async_checkpoint=False,
         restart_from_scratch=True,
         exact_resume=False,
         metrics=True,
+        profile="torch:wait=5,warmup=2,active=3,ranks=0,last",
     )
     exported = to_env(job)
     assert len(exported) == len(env_fields)
@@ -143,6 +147,8 @@ def test_every_env_field_is_a_contract_variable_and_reads_back_as_it_was():
     read = RuntimeOptions.from_env(exported)  # the runtime's reader takes the fields it shares with JobSpec
     assert (read.precision, read.grad_clip, read.grad_accum, read.comm_hook) == ("bf16", 1.0, 4, "powersgd")
     assert read.activation_checkpointing is True and read.exact_resume is False
+    assert read.profile == "torch:wait=5,warmup=2,active=3,ranks=0,last"
+    assert (read.max_bad_steps, read.on_divergence) == (3, "rollback")
     assert to_env(JobSpec()) == {}  # None: not exported, the job's own default holds
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from hpc_train.config.loader import load_site
 from hpc_train.fabric import doctor
 from hpc_train.fabric.doctor import FAIL, OK, WARN, Context
 from hpc_train.plugin.backend import Backend
@@ -274,3 +275,41 @@ def test_report_formatting_and_round_trip():
     text = doctor.format_report(report)
     assert "WARN  gpus  no GPU" in text and "→ do this" in text and text.rstrip().endswith("0 ok, 1 warning(s), 0 failure(s)")
     assert doctor.Report.from_dict(report.to_dict()).to_dict() == report.to_dict()
+
+
+# -- nsys, for --profile nsys --------------------------------------------------------------------------
+NSYS_VERSION = "NVIDIA Nsight Systems version 2024.5.1.113-245134619542v0\n"  # `nsys --version` on an H100 node
+
+
+def nsys_runner(found: bool, calls: list[list[str]] | None = None):
+    def run(cmd):
+        if calls is not None:
+            calls.append(cmd)
+        return (0, NSYS_VERSION) if found else (None, "")
+
+    return run
+
+
+def test_nsys_is_checked_where_the_site_says_it_is():
+    calls: list[list[str]] = []
+    site = load_site("sandbox").config
+    site = dataclasses.replace(site, tools=dataclasses.replace(site.tools, nsys="/opt/nsight/bin/nsys"))
+    check = doctor.check_nsys(Context(site=site, in_job=True), nsys_runner(True, calls))
+    assert calls == [["/opt/nsight/bin/nsys", "--version"]]
+    assert check.status == OK and check.summary.startswith("Nsight Systems 2024.5.1.113 (/opt/nsight/bin/nsys)")
+
+
+def test_nsys_missing_on_a_compute_node_is_said_with_the_fix():
+    check = doctor.check_nsys(Context(site=load_site("sandbox").config, in_job=True), nsys_runner(False))
+    assert check.status == WARN and "'nsys' not found: --profile nsys would fail on this node" in check.summary
+    assert check.fix is not None and "tools.nsys" in check.fix
+    login = doctor.check_nsys(Context(site=load_site("sandbox").config), nsys_runner(False))
+    assert login.status == OK and "`doctor --submit` checks the compute nodes" in login.summary
+
+
+def test_a_site_without_nsys_is_no_warning(site_dir):
+    (site_dir / "bare.yaml").write_text("extends: local\ntools:\n  nsys: null\n")
+    calls: list[list[str]] = []
+    check = doctor.check_nsys(Context(site=load_site("bare").config, in_job=True), nsys_runner(False, calls))
+    assert check.status == OK and "tools.nsys: null" in check.summary and calls == []
+    assert "nsys" in {c.name for c in doctor.diagnose(Context(), recorded("a100"), sys_root=Path("/nonexistent")).checks}

@@ -181,3 +181,18 @@ def test_bluecloud_ngc_container_is_opt_in(plugins, alice):
     )
     with pytest.raises(ConfigError, match="has no container runtime"):
         render_job(plugins, "sandbox", container_image="x.sif")
+
+
+def test_nsys_profiling_renders_the_same_launch_and_tells_the_ranks_which_nsys_and_script(plugins, alice):
+    # the chosen ranks' python is put under nsys by the job's sitecustomize, the same under every backend:
+    # the script differs only by the variables that say so (hpc_train.runtime.boot.hpc_train_nsys)
+    for backend in BACKENDS:
+        plain = render_job(plugins, "sandbox", backend, nodes=2, partition="gpu").splitlines()
+        text = render_job(plugins, "sandbox", backend, nodes=2, partition="gpu", profile="nsys:active=2,ranks=0,last")
+        if backend == "torchrun":
+            assert_golden(text, GOLDEN / "sandbox-torchrun-nsys.sh")
+        assert [line for line in text.splitlines() if line not in plain] == [
+            "export HPC_TRAIN_NSYS=nsys  # hpc_train",
+            "export HPC_TRAIN_PROFILE=nsys:wait=5,warmup=2,active=2,ranks=0,last  # job",
+            "export HPC_TRAIN_PROFILE_SCRIPT=/home/alice/project/train.py  # hpc_train",
+        ], backend

@@ -1,5 +1,6 @@
 """A folder the batch script puts first on PYTHONPATH: its ``sitecustomize`` runs in every Python of
-the job, plain scripts too (see sitecustomize.py). Nothing else lives here, so nothing else is shadowed."""
+the job, plain scripts too (see sitecustomize.py), and hpc_train_nsys.py, which it runs under --profile nsys.
+Nothing else lives here, so nothing else is shadowed."""
 
 from pathlib import Path
 

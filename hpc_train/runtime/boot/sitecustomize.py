@@ -8,6 +8,9 @@ drains them for scripts that use hpc_train.runtime (runtime/base.py); this does 
 torchrun/mpirun scripts: at exit, if torch.distributed was used, it lets go of the GIL for a moment
 while the interpreter is still intact. Registered first, so it runs after the script's own atexit
 handlers. Then the next sitecustomize on the path, if any, runs as it would have without us.
+
+First, under ``--profile nsys``, the python of a chosen rank's script replaces itself by nsys running
+it (hpc_train_nsys.py beside this file): the one place every backend's ranks pass through.
 """
 
 import atexit
@@ -42,5 +45,29 @@ def _chain() -> None:
             sys.modules["sitecustomize"] = ours
 
 
+def _profile_with_nsys() -> None:
+    """Under ``--profile nsys`` a chosen rank's python becomes ``nsys profile ... python ...`` here (hpc_train_nsys).
+
+    Every Python of every job runs this, so it reads the variable without importing hpc_train (20 ms): the
+    contract, which imports nothing, is loaded from its file.
+    """
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "contract.py")
+    spec = importlib.util.spec_from_file_location("_hpc_train_contract", path)
+    if spec is None or spec.loader is None:
+        return
+    contract = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(contract)
+    if not os.environ.get(contract.ENV_PROFILE, "").startswith("nsys"):
+        return
+    try:
+        import hpc_train_nsys  # beside this file
+    except ImportError:  # a python of the job's without hpc_train (a tool's): not a rank's
+        return
+    hpc_train_nsys.main()
+
+
+_profile_with_nsys()
 atexit.register(_drain)
 _chain()
