@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from hpc_train import contract
 from hpc_train.config.errors import problems_from_validation
-from hpc_train.config.fields import field_names, to_env
+from hpc_train.config.fields import field_names, flag_of, to_env
 from hpc_train.config.job import JobSpec
 from hpc_train.config.loader import ResolvedSite, display_path
 from hpc_train.config.models import Partition, SiteConfig, mem_megabytes, mem_size_problem
@@ -140,7 +140,8 @@ class _Problems(list[Problem]):
         self.site_file = site_file
 
     def add(self, key: str, message: str, hint: str | None = None, source: str = JOB) -> None:
-        self.append(Problem(source, key, message, None, hint))
+        """``key``: the JobSpec field (or the CLI flag) the problem is about; shown as the flag."""
+        self.append(Problem(source, flag_of(JobSpec, key) if source == JOB else key, message, None, hint))
 
 
 @dataclass(frozen=True)

@@ -334,7 +334,7 @@ def test_the_node_check_runs_where_a_failing_node_can_be_replaced(plugins):
     assert not plan_job(plugins, "sandbox").node_check  # opt-in: the site's health.node_check is off
     with pytest.raises(ConfigError) as caught:
         plan_job(plugins, "sandbox", node_check=True, requeue=False)
-    assert "node_check" in str(caught.value) and "requeue" in str(caught.value)
+    assert "--node-check" in str(caught.value) and "requeue" in str(caught.value)
 
 
 def _srun(p) -> list[str]:
@@ -386,3 +386,14 @@ def test_binding_keys_are_checked_like_every_other(tmp_path):
     with pytest.raises(Error) as info:
         load_site(str(site))
     assert "cpu_bind" in str(info.value) and "cores" in str(info.value)
+
+
+def test_every_problem_names_the_option_as_the_cli_spells_it(plugins):
+    with pytest.raises(ConfigError) as info:
+        plan(plugins, site="sandbox", nodes=9, spare_nodes=3, container=True, backend_options={"max_restarts": "x"})
+    keys = {p.key for p in info.value.problems}
+    assert {"--nodes", "--spare-nodes", "--container"} <= keys, keys
+    assert not any("_" in k.split(" ")[0] for k in keys if k.startswith("-")), keys  # never a field's name
+    with pytest.raises(ConfigError) as info:
+        make_job(site="sandbox", script="t.py", backend_options=[1])
+    assert [p.key for p in info.value.problems] == ["--option"]  # the flag, not --backend-options
