@@ -14,7 +14,9 @@ class TorchrunOptions(Model):
     rdzv_backend: Literal["c10d", "static"] = setting("c10d", "rendezvous: c10d store on the first node, or static ranks")
     max_restarts: Annotated[int, Ge(0)] = setting(0, "worker group restarts torchrun itself attempts")
     rdzv_timeout: Annotated[int, Ge(1)] = setting(900, "seconds to wait for all nodes to join")
-    omp_num_threads: Annotated[int, Ge(1)] | None = setting(None, "OMP_NUM_THREADS per worker (torchrun's default: 1)")
+    omp_num_threads: Annotated[int, Ge(1)] | None = setting(
+        None, "OMP_NUM_THREADS per worker (default: the task's CPUs / workers)"
+    )
 
 
 class Torchrun(Backend):
@@ -30,9 +32,9 @@ class Torchrun(Backend):
         return 1
 
     def env(self, info: LaunchInfo) -> dict[str, str]:
-        if self.options.omp_num_threads is not None:
-            return {"OMP_NUM_THREADS": str(self.options.omp_num_threads)}
-        return {}
+        # the task's CPUs shared among its workers (torchrun itself would set 1 when nothing is set)
+        threads = self.options.omp_num_threads or info.cpus_per_proc
+        return {"OMP_NUM_THREADS": str(threads)} if threads else {}
 
     def launch(self, info: LaunchInfo) -> list[Word]:
         argv: list[Word] = [info.python, "-m", "torch.distributed.run"]
@@ -49,6 +51,9 @@ class Torchrun(Backend):
             if self.options.rdzv_backend == "static":
                 argv.append(Raw('--node-rank="${SLURM_NODEID}"'))
         argv += [f"--nproc-per-node={info.procs_per_node}", f"--max-restarts={self.options.max_restarts}"]
+        if info.gpu_bind == "closest" and info.scheduler != "local":
+            # each worker on its own share of the cores of its GPU's NUMA node (torch.numa; needs numactl)
+            argv.append("--numa-binding=exclusive")
         return survive_stop_signal(info, [*argv, info.script, *info.script_args])
 
 

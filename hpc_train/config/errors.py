@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -84,7 +85,8 @@ def _expected(error: Mapping[str, Any]) -> str:
     if kind == "less_than_equal":
         return f"expected a number ≤ {ctx.get('le')}"
     if kind == "literal_error":
-        return f"expected one of {ctx.get('expected')}"
+        expected = str(ctx.get("expected"))
+        return f"expected {expected}" if " or " not in expected and "," not in expected else f"expected one of {expected}"
     if kind == "value_error":
         return str(ctx.get("error", error["msg"]))
     return error["msg"][0].lower() + error["msg"][1:]
@@ -111,5 +113,14 @@ def problems_from_validation(
         message = _expected(error)
         if error["type"] not in ("missing", "value_error") and "input" in error:
             message += f", got {error['input']!r}"
-        problems.append(Problem(src, key, shorten(message, 400), line_of(loc)))  # a value may be a megabyte
+        problems.append(Problem(src, key, shorten(message, 400), line_of(loc), _close_choice(error)))  # a value may be a megabyte
     return problems
+
+
+def _close_choice(error: Mapping[str, Any]) -> str | None:
+    """'did you mean ...?' for a value that is not one of a fixed set (cpu_bind: core -> 'cores')."""
+    if error["type"] != "literal_error" or not isinstance(error.get("input"), str):
+        return None
+    choices = re.findall(r"'([^']*)'", str((error.get("ctx") or {}).get("expected", "")))
+    hint = did_you_mean(error["input"], choices) if choices else None
+    return hint if hint and hint.startswith("did you mean") else None

@@ -154,6 +154,17 @@ def descriptions(cls: type) -> dict[str, tuple[Any, str]]:
     return {name: (f.get_default(call_default_factory=True), f.description or "") for name, f in fields.items()}
 
 
+def flag_of(cls: type, key: str) -> str:
+    """A problem's key as the CLI spells the option: ``spare_nodes`` -> ``--spare-nodes``,
+    ``backend_options.zero_stage`` -> ``--option zero_stage``; a key that is no flag of ``cls`` stays."""
+    name, _, rest = key.partition(".")
+    found = {f.name: f for f in dataclasses.fields(cls)}.get(name) if dataclasses.is_dataclass(cls) else None
+    if found is None or "cli" not in found.metadata:
+        return key
+    flag = found.metadata["cli"].flag or "--" + name.replace("_", "-")
+    return f"{flag} {rest}" if rest else flag
+
+
 def field_names(cls: type) -> list[str]:
     if dataclasses.is_dataclass(cls):
         return [f.name for f in dataclasses.fields(cls)]

@@ -212,6 +212,14 @@ class Partition(Model):
     nccl_profile: str | None = setting(None, "the NCCL profile jobs on this partition get by default")
     preflight: Preflight | None = setting(None, "the partition's own preflight figures (default: the site's)")
     constraint: str | None = None
+    cpu_bind: Literal["cores", "threads", "sockets", "ldoms", "none"] | None = setting(
+        None, "srun --cpu-bind for every task (default: the cluster's own binding)"
+    )
+    gpu_bind: Literal["closest"] | None = setting(
+        None,
+        "closest: each process runs on the GPU and the CPUs nearest each other (srun --gpu-bind=closest for "
+        "one task per GPU; a launcher that forks its workers binds them itself)",
+    )
     sbatch: SiteSbatch = setting(doc="extra #SBATCH options", factory=dict)
     env: Env = setting(factory=dict)
 

@@ -64,7 +64,12 @@ class LaunchInfo:
     #: the folder job folders are created in (``--job-root``, else the site's ``job_root``); this job's own
     #: folder is ``<job_root>/<job id>``, known only in the job: ``"${HPC_TRAIN_JOB_FOLDER}"``
     job_root: str
-    cpus_per_proc: int | None = None  # from --cpus-per-task or the partition's CPUs / processes
+    #: CPUs each process may use: its Slurm task's CPUs (--cpus-per-task, else the task's share of the
+    #: node) divided among the processes the task starts (a launcher that forks workers shares them)
+    cpus_per_proc: int | None = None
+    #: the partition's ``gpu_bind``: "closest" asks each process to run on the CPUs nearest its GPU; srun does it
+    #: for one task per GPU, a launcher that forks its workers (several processes per task) must do it for them
+    gpu_bind: str | None = None
     precision: str | None = None
     grad_accum: int | None = None
     grad_clip: float | None = None

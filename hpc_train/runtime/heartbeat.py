@@ -26,6 +26,11 @@ from hpc_train import contract
 # One small file per rank rewritten at most this often: the watchdog's resolution, and the load on a
 # shared file system (1,000 ranks: 500 renames a second); hang timeouts are 10 s and up.
 POLL_S = 2.0
+# A rank quiet for QUIET_S is hung or waits for one that is: it looks for the watchdog's request every
+# FAST_POLL_S, so the hang report does not wait out a poll. A training rank never polls faster, and a
+# quiet one stops once it has answered (1,000 quiet ranks: 5,000 lookups a second, for seconds).
+QUIET_S = 4.0
+FAST_POLL_S = 0.2
 REQUEST = "request"  # the watchdog creates <dumps>/run-R/request; each rank answers with rank-N.txt
 FLIGHT_RECORD_SUFFIX = ".fr.json"  # ... and rank-N.fr.json, its flight recorder's collectives
 # the recorder's ring buffer size: TORCH_FR_ since torch 2.6, the NCCL name before (the plan sets both)
@@ -47,6 +52,7 @@ class Heartbeat:
         self.error: str | None = None
         self._written: tuple[int, str, float] | None = None
         self._poll_s = poll_s
+        self._seen_at, self._gap = self.at, 0.0  # progress as the thread last saw it, and the gap before
         self._closed = threading.Event()
         self._lock = threading.Lock()  # finishing() writes from the main thread, the loop from its own
         folder.mkdir(parents=True, exist_ok=True)
@@ -89,13 +95,23 @@ class Heartbeat:
 
     def _loop(self) -> None:
         answered = False
-        while not self._closed.wait(self._poll_s):
+        while not self._closed.wait(self._next_wait()):
             if self.state == "starting" and self.steps:
                 self.state = "training"
             if (self.steps, self.state, self.at) != self._written:
                 self._write()
             if not answered and (self.dumps / REQUEST).exists():
                 answered = self._dump()
+
+    def _next_wait(self) -> float:
+        # quiet means longer than QUIET_S and than 3 of the rank's own gaps between progress (as often as
+        # this thread sees them): a run of 8 s steps is not quiet between its steps
+        at = self.at
+        if at != self._seen_at:
+            self._gap, self._seen_at = at - self._seen_at, at
+        quiet_after = max(QUIET_S, 3 * self._gap)
+        quiet_for = time.time() - at
+        return FAST_POLL_S if quiet_for >= quiet_after else min(self._poll_s, quiet_after - quiet_for + FAST_POLL_S)
 
     def _write(self) -> None:
         written = (self.steps, self.state, self.at)
@@ -122,14 +138,16 @@ class Heartbeat:
         # the flight record first: the watchdog reads once every rank's stacks file is there
         flight_record(self.dumps / f"rank-{self.rank}{FLIGHT_RECORD_SUFFIX}")
         target = self.dumps / f"rank-{self.rank}.txt"
+        tmp = target.with_name(f".{target.name}.tmp")
         try:
-            with open(target, "w") as out:
+            with open(tmp, "w") as out:
                 out.write(
                     f"rank {self.rank} on {self.host} (pid {os.getpid()}), {self.steps} steps this run, "
                     f"last at {time.strftime('%H:%M:%S', time.localtime(self.at))}\n"
                 )
                 out.flush()
                 faulthandler.dump_traceback(out, all_threads=True)
+            os.replace(tmp, target)  # whole when it appears: the watchdog reads it the moment it does
         except OSError:
             pass
         return True

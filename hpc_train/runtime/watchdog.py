@@ -157,9 +157,9 @@ def collect_dumps(settings: Settings, beats: dict[int, dict[str, Any]]) -> tuple
     folder.mkdir(parents=True, exist_ok=True)
     (folder / REQUEST).touch()
     deadline = time.time() + DUMP_WAIT_S
+    # a rank's file appears whole (written aside, then renamed), so it can be read as soon as it is there
     while time.time() < deadline and not all((folder / f"rank-{r}.txt").exists() for r in beats):
-        time.sleep(0.5)
-    time.sleep(0.5)  # a rank whose file just appeared may still be writing it
+        time.sleep(0.1)
     dumps = {}
     for rank in beats:
         try:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from hpc_train import contract
 from hpc_train.config import profile_spec
 from hpc_train.config.errors import problems_from_validation
-from hpc_train.config.fields import field_names, to_env
+from hpc_train.config.fields import field_names, flag_of, to_env
 from hpc_train.config.job import JobSpec
 from hpc_train.config.loader import ResolvedSite, display_path
 from hpc_train.config.models import Partition, SiteConfig, mem_megabytes, mem_size_problem
@@ -82,6 +82,9 @@ class JobPlan:
     watchdog: bool = False  # the batch script runs hpc_train.runtime.watchdog next to the step (hangs)
     node_check: bool = False  # each node runs hpc_train.runtime.node_check before a run trains on it
     spare_nodes: int = 0  # allocated beyond ``nodes``: a failed run restarts on them inside the allocation
+    cpus_per_task: int | None = None  # asked of sbatch and, again, of srun (22.05's srun does not inherit it)
+    cpu_bind: str | None = None  # srun --cpu-bind (the partition's)
+    gpu_bind: bool = False  # srun --gpu-bind=closest: the partition asks and each task drives one GPU
 
     @property
     def backend_name(self) -> str:
@@ -138,7 +141,8 @@ class _Problems(list[Problem]):
         self.site_file = site_file
 
     def add(self, key: str, message: str, hint: str | None = None, source: str = JOB) -> None:
-        self.append(Problem(source, key, message, None, hint))
+        """``key``: the JobSpec field (or the CLI flag) the problem is about; shown as the flag."""
+        self.append(Problem(source, flag_of(JobSpec, key) if source == JOB else key, message, None, hint))
 
 
 @dataclass(frozen=True)
@@ -187,7 +191,8 @@ def build_plan(
     tasks = backend.tasks_per_node(res.procs) if kind == "script" else res.procs
     selection, requeue, node_check, layout = _checked(job, resolved, res, tasks, kind, plugins, problems)
     names = _names(job, site, kind, function_name)
-    info = _launch_info(job, site, res, names, requeue, extra_script_args, layout)
+    cpus = cpus_per_task(job, res, tasks)
+    info = _launch_info(job, site, res, names, requeue, extra_script_args, layout, cpus, tasks)
     env = _environment(job, site, res, selection, backend, options, info, plugins, layout, names, requeue)
     script_job = kind == "script"
     plan = JobPlan(
@@ -207,7 +212,7 @@ def build_plan(
         job_root=names.job_root,
         python=names.python,
         workdir=names.workdir,
-        directives=_directives(job, site, res, tasks, names, requeue, plugins, backend.name),
+        directives=_directives(job, site, res, tasks, cpus, names, requeue, plugins, backend.name),
         env=sorted(env.values(), key=lambda e: e.name),
         nccl_profile=selection.label,
         launch=backend.launch(info) if script_job else [],
@@ -215,6 +220,9 @@ def build_plan(
         watchdog=script_job and _watchdog(job, site, requeue),
         spare_nodes=job.spare_nodes,
         node_check=node_check,
+        cpus_per_task=cpus if site.scheduler == "slurm" else None,
+        cpu_bind=res.part.cpu_bind,
+        gpu_bind=res.part.gpu_bind == "closest" and res.gpus > 0 and tasks == res.procs,
         max_restarts=job.max_restarts if job.max_restarts is not None else requeue.policy.max_restarts,
         signal=requeue.policy.signal,
         signal_grace=requeue.grace,
@@ -547,6 +555,19 @@ def _names(job: JobSpec, site: SiteConfig, kind: str, function_name: str | None)
     )
 
 
+def cpus_per_task(job: JobSpec, res: _Resources, tasks: int) -> int | None:
+    """The CPUs each Slurm task asks for: --cpus-per-task, else the task's share of the CPUs that come with
+    the job's part of a node (all of it; on a GPU partition, the share of its GPUs the job uses).
+
+    Slurm's default is one CPU per task: where tasks are bound (task/affinity, task/cgroup), a torchrun
+    task that forks 8 workers would run them, and their data loaders, on one core."""
+    part = res.part
+    if job.cpus_per_task is not None or not part.cpus_per_node:
+        return job.cpus_per_task
+    node = part.cpus_per_node * res.gpus // part.gpus_per_node if part.gpus_per_node and res.gpus else part.cpus_per_node
+    return max(1, node // tasks)
+
+
 def _launch_info(
     job: JobSpec,
     site: SiteConfig,
@@ -555,8 +576,9 @@ def _launch_info(
     requeue: _Requeue,
     extra_script_args: tuple[Word, ...],
     layout: Any = None,
+    cpus: int | None = None,
+    tasks: int = 1,
 ) -> LaunchInfo:
-    cpus = job.cpus_per_task or (res.part.cpus_per_node // res.procs if res.part.cpus_per_node else None)
     return LaunchInfo(
         scheduler=site.scheduler,
         nodes=job.nodes,
@@ -567,7 +589,8 @@ def _launch_info(
         script_args=(*job.script_args, *extra_script_args),  # extra: a sweep task's overrides (Raw)
         master_port_base=site.master_port,
         job_root=names.job_root,
-        cpus_per_proc=cpus,
+        cpus_per_proc=max(1, cpus * tasks // res.procs) if cpus else None,
+        gpu_bind=res.part.gpu_bind if res.gpus > 0 else None,
         precision=job.precision,
         grad_accum=job.grad_accum,
         grad_clip=job.grad_clip,
@@ -633,6 +656,7 @@ def _directives(
     site: SiteConfig,
     res: _Resources,
     tasks: int,
+    cpus: int | None,
     names: _Names,
     requeue: _Requeue,
     plugins: Plugins,
@@ -656,7 +680,7 @@ def _directives(
     if requeue.enabled:
         # B: -> only the batch shell gets the warning; it tells the ranks through a file
         directives.update({"requeue": True, "signal": f"B:{requeue.policy.signal}@{requeue.grace}"})
-    defaults_from_partition = {"constraint": res.part.constraint, "mem": res.part.mem_per_node}
+    defaults_from_partition = {"constraint": res.part.constraint, "mem": res.part.mem_per_node, "cpus_per_task": cpus}
     for key in ("cpus_per_task", "mem", "account", "qos", "reservation", "constraint"):
         value = getattr(job, key)
         directives[key.replace("_", "-")] = value if value is not None else defaults_from_partition.get(key)

@@ -5,6 +5,7 @@ checks use these; nothing here imports them back.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import warnings
@@ -14,14 +15,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hpc_train.config.errors import problems_from_validation
+from hpc_train.config.fields import flag_of
 from hpc_train.config.job import JobSpec
 from hpc_train.config.loader import ResolvedSite, SiteRegistry, default_search_dirs
 from hpc_train.config.validate import ValidationError, validate
 from hpc_train.errors import ConfigError, ConfigWarning, HpcTrainError, Problem, TemplateError, UsageError
 from hpc_train.plugin.manager import Plugins, default_plugins
-from hpc_train.submission.plan import JobPlan, build_plan
+from hpc_train.submission.plan import JOB, JobPlan, build_plan
 
-JOB_SOURCE = "job options"
 LOCAL = "local"  # the core's answer when no plugin detects a site (hpc_train.plugin.manager._Defaults)
 DEFAULTS_PLUGIN = "hpc_train.defaults"  # the name the core registers that fallback under
 # where a Slurm client finds its configuration (the usual install prefixes, and configless slurmd's cache)
@@ -38,18 +39,8 @@ def make_job(**options: Any) -> JobSpec:
     try:
         return validate(JobSpec, options)
     except ValidationError as exc:
-        problems = problems_from_validation(exc, JobSpec, JOB_SOURCE)
-        renamed = [
-            Problem(
-                p.source,
-                "--" + p.key.split(".")[0].replace("_", "-") + (("." + p.key.split(".", 1)[1]) if "." in p.key else ""),
-                p.message,
-                p.line,
-                p.hint,
-            )
-            for p in problems
-        ]
-        raise ConfigError(renamed) from None
+        problems = problems_from_validation(exc, JobSpec, JOB)
+        raise ConfigError([dataclasses.replace(p, key=flag_of(JobSpec, p.key)) for p in problems]) from None
 
 
 def site_registry(plugins: Plugins) -> SiteRegistry:
@@ -151,12 +142,12 @@ def site_for(job: JobSpec, plugins: Plugins, *, training: bool = False) -> Resol
 def check_script(job: JobSpec) -> None:
     """The training script must exist where the job will look for it (before anything is submitted)."""
     if not job.script:
-        raise ConfigError(Problem(JOB_SOURCE, "script", "no training script given"))
+        raise ConfigError(Problem(JOB, "script", "no training script given"))
     script = Path(job.workdir or ".") / os.path.expanduser(job.script)
     if not script.is_file():
         raise ConfigError(
             Problem(
-                JOB_SOURCE, "script", f"training script {job.script!r} not found", hint=f"looked in {script.parent.resolve()}"
+                JOB, "script", f"training script {job.script!r} not found", hint=f"looked in {script.parent.resolve()}"
             )
         )
 

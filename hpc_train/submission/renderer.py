@@ -64,6 +64,10 @@ def context(plan: JobPlan) -> dict[str, object]:
             "srun",
             f"--nodes={plan.nodes}",
             f"--ntasks-per-node={plan.tasks_per_node}",
+            # asked again: Slurm 22.05's srun does not take --cpus-per-task from the allocation
+            *([f"--cpus-per-task={plan.cpus_per_task}"] if plan.cpus_per_task else []),
+            *([f"--cpu-bind={plan.cpu_bind}"] if plan.cpu_bind else []),
+            *(["--gpu-bind=closest"] if plan.gpu_bind else []),
             "--kill-on-bad-exit=1",
             "--unbuffered",
             f"--output={plan.stdout_pattern}",

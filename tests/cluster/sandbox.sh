@@ -25,6 +25,8 @@
 #   HPC_TRAIN_SANDBOX_NODES=3   HPC_TRAIN_SANDBOX_CPUS=4 (per node, may exceed real cores)
 #   HPC_TRAIN_SANDBOX_GPUS=4 (fake, per node; 0 = none)   HPC_TRAIN_SANDBOX_MEM=4000 (MB per node)
 #   HPC_TRAIN_SANDBOX_ACCOUNTING=1 (0 = no slurmdbd/MariaDB; sacct will not work)
+#   HPC_TRAIN_SANDBOX_TASK_PLUGIN=task/none (task/affinity: Slurm binds each task to its CPUs;
+#           then keep CPUS <= the host's cores, which every node shares)
 #   HPC_TRAIN_SANDBOX_NET=10.77.0 (a /24 on the bridge only; .1 = controller, .1N = node N)
 #   HPC_TRAIN_SANDBOX_PREFIX=hts (netns/link names: htsbr0, htsn1, htsveth1, ...)
 #   HPC_TRAIN_SANDBOX_PORT=16817 (slurmctld; slurmd = +1, slurmdbd = +2)
@@ -40,6 +42,7 @@ CPUS=${HPC_TRAIN_SANDBOX_CPUS:-4}
 GPUS=${HPC_TRAIN_SANDBOX_GPUS:-4}
 MEM=${HPC_TRAIN_SANDBOX_MEM:-4000}
 ACCT=${HPC_TRAIN_SANDBOX_ACCOUNTING:-1}
+TASK_PLUGIN=${HPC_TRAIN_SANDBOX_TASK_PLUGIN:-task/none}
 NET=${HPC_TRAIN_SANDBOX_NET:-10.77.0}
 PFX=${HPC_TRAIN_SANDBOX_PREFIX:-hts}
 CTLD_PORT=${HPC_TRAIN_SANDBOX_PORT:-16817}
@@ -228,7 +231,7 @@ SlurmctldDebug=info
 SlurmdDebug=info
 MailProg=/bin/true
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin=$TASK_PLUGIN
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none

@@ -57,6 +57,7 @@ def test_deepspeed_config_from_job_options(plugins):
         grad_accum=4,
         grad_clip=1.0,
         procs_per_node=2,
+        cpus_per_task=3,
         backend_options={"zero_stage": 3, "micro_batch": 8},
     )
     config = json.loads(env_of(p)["HPC_TRAIN_DEEPSPEED_CONFIG_JSON"])
@@ -64,7 +65,7 @@ def test_deepspeed_config_from_job_options(plugins):
     assert config["bf16"] == {"enabled": True} and config["fp16"] == {"enabled": False}
     assert (config["gradient_accumulation_steps"], config["gradient_clipping"]) == (4, 1.0)
     assert config["train_micro_batch_size_per_gpu"] == 8
-    assert env_of(p)["OMP_NUM_THREADS"] == "2"  # 4 CPUs per node / 2 processes
+    assert env_of(p)["OMP_NUM_THREADS"] == "3"  # one task per process: its CPUs are its threads
     text = render(p, ())
     assert "--local-rank-arg -- /home/alice/project/train.py" in text
     assert "trap hpc_train_cleanup EXIT" in text and "deepspeed_allreduce_buffer_" in text

@@ -321,8 +321,8 @@ def command_line_cases(root: str) -> list[Case]:
     for name, argv, key in [
         ("nodes-word", ["--nodes", "abc"], "--nodes"),
         ("nodes-zero", ["--nodes", "0"], "--nodes"),
-        ("nodes-over", ["--nodes", "99"], "nodes"),
-        ("gpus-over", ["--gpus-per-node", "99"], "gpus_per_node"),
+        ("nodes-over", ["--nodes", "99"], "--nodes"),
+        ("gpus-over", ["--gpus-per-node", "99"], "--gpus-per-node"),
         ("time-long", ["--time", "12:00:00:00"], "--time"),
         ("time-zero", ["--time", "0"], "--time"),
         ("parallel", ["--parallel", "dp=x"], "--parallel"),

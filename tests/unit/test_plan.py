@@ -334,4 +334,66 @@ def test_the_node_check_runs_where_a_failing_node_can_be_replaced(plugins):
     assert not plan_job(plugins, "sandbox").node_check  # opt-in: the site's health.node_check is off
     with pytest.raises(ConfigError) as caught:
         plan_job(plugins, "sandbox", node_check=True, requeue=False)
-    assert "node_check" in str(caught.value) and "requeue" in str(caught.value)
+    assert "--node-check" in str(caught.value) and "requeue" in str(caught.value)
+
+
+def _srun(p) -> list[str]:
+    from hpc_train.submission.renderer import context
+
+    return [str(w) for w in context(p)["srun"]]
+
+
+@pytest.mark.parametrize(
+    ("options", "per_task", "per_proc"),
+    [
+        ({}, 128, 16),  # torchrun: one task per node holds the node's CPUs, its 8 workers share them
+        ({"backend": "mpi"}, 16, 16),  # one task per GPU: the node's CPUs split between them
+        ({"gpus_per_node": 2, "procs_per_node": 2}, 32, 16),  # a quarter of the GPUs: a quarter of the CPUs
+        ({"backend": "mpi", "gpus_per_node": 4, "procs_per_node": 4}, 16, 16),
+        ({"cpus_per_task": 40}, 40, 5),  # the user's request, per Slurm task
+    ],
+)
+def test_each_task_asks_slurm_and_srun_for_the_cpus_its_processes_use(plugins, options, per_task, per_proc):
+    p = plan(plugins, **options)
+    assert p.cpus_per_task == per_task and ("cpus-per-task", per_task) in p.directives
+    assert f"--cpus-per-task={per_task}" in _srun(p)  # 22.05's srun does not inherit it from sbatch
+    threads = {e.name: e.value for e in p.env}["OMP_NUM_THREADS"]
+    assert threads == str(per_proc)
+
+
+def test_a_partition_without_cpu_figures_asks_for_nothing(plugins):
+    p = plan(plugins, site="sandbox", nodes=2, procs_per_node=2)
+    assert p.cpus_per_task is None and not any(k == "cpus-per-task" for k, _ in p.directives)
+    assert not any(w.startswith("--cpus-per-task") for w in _srun(p))
+
+
+def test_gpu_binding_where_the_partition_asks_for_it(plugins):
+    mpi = plan(plugins, backend="mpi")  # one task per GPU: srun binds each to its GPU and the cores near it
+    assert {"--cpu-bind=cores", "--gpu-bind=closest"} <= set(_srun(mpi))
+    torchrun = plan(plugins)  # one task per node: srun binds the task; torchrun binds its workers
+    assert "--cpu-bind=cores" in _srun(torchrun) and "--gpu-bind=closest" not in _srun(torchrun)
+    assert "--numa-binding=exclusive" in [str(w) for w in torchrun.launch]
+    rtx = plan(plugins, partition="rtx4090", backend="mpi")  # a partition that does not ask
+    assert not any(w.startswith(("--cpu-bind", "--gpu-bind")) for w in _srun(rtx))
+    assert "--numa-binding=exclusive" not in [str(w) for w in plan(plugins, partition="rtx4090").launch]
+
+
+def test_binding_keys_are_checked_like_every_other(tmp_path):
+    from hpc_train.errors import ConfigError as Error
+
+    site = tmp_path / "s.yaml"
+    site.write_text("description: x\nscheduler: slurm\npartitions:\n  p:\n    cpu_bind: core\n")
+    with pytest.raises(Error) as info:
+        load_site(str(site))
+    assert "cpu_bind" in str(info.value) and "cores" in str(info.value)
+
+
+def test_every_problem_names_the_option_as_the_cli_spells_it(plugins):
+    with pytest.raises(ConfigError) as info:
+        plan(plugins, site="sandbox", nodes=9, spare_nodes=3, container=True, backend_options={"max_restarts": "x"})
+    keys = {p.key for p in info.value.problems}
+    assert {"--nodes", "--spare-nodes", "--container"} <= keys, keys
+    assert not any("_" in k.split(" ")[0] for k in keys if k.startswith("-")), keys  # never a field's name
+    with pytest.raises(ConfigError) as info:
+        make_job(site="sandbox", script="t.py", backend_options=[1])
+    assert [p.key for p in info.value.problems] == ["--option"]  # the flag, not --backend-options

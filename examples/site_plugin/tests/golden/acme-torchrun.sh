@@ -4,6 +4,7 @@
 
 # ACME cluster: questions to hpc@acme.example
 #SBATCH --account=acme-gpu
+#SBATCH --cpus-per-task=64
 #SBATCH --error=/shared/user/hpc_train/jobs/%j/%j_0_log.err
 #SBATCH --gres=gpu:a100:4
 #SBATCH --job-name=hpc_train-train
@@ -34,6 +35,7 @@ export HPC_TRAIN_STRAGGLER_THRESHOLD=0.2  # hpc_train
 export NCCL_IB_HCA=mlx5  # nccl profile ib-hdr
 export NCCL_NET_GDR_LEVEL=PHB  # nccl profile ib-hdr
 export NCCL_SOCKET_IFNAME=ib0  # nccl profile ib-hdr
+export OMP_NUM_THREADS=16  # backend torchrun
 export PYTHONUNBUFFERED=1  # site
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1  # site
 export UCX_NET_DEVICES=mlx5_0:1  # plugins
@@ -58,5 +60,5 @@ mkdir -p "${ACME_SCRATCH}"
 cd /home/user/project
 
 # launch
-srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 --unbuffered --output=/shared/user/hpc_train/jobs/%j/%j_%t_log.out --error=/shared/user/hpc_train/jobs/%j/%j_%t_log.err \
+srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=64 --kill-on-bad-exit=1 --unbuffered --output=/shared/user/hpc_train/jobs/%j/%j_%t_log.out --error=/shared/user/hpc_train/jobs/%j/%j_%t_log.err \
     /opt/venv/bin/python -m torch.distributed.run --nnodes=2 --rdzv-backend=c10d --rdzv-endpoint="${MASTER_ADDR}:${MASTER_PORT}" --rdzv-id="${SLURM_JOB_ID}" --rdzv-conf=timeout=900 --nproc-per-node=4 --max-restarts=0 /home/user/project/train.py --lr 1e-4
