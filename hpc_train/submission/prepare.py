@@ -146,9 +146,7 @@ def check_script(job: JobSpec) -> None:
     script = Path(job.workdir or ".") / os.path.expanduser(job.script)
     if not script.is_file():
         raise ConfigError(
-            Problem(
-                JOB, "script", f"training script {job.script!r} not found", hint=f"looked in {script.parent.resolve()}"
-            )
+            Problem(JOB, "script", f"training script {job.script!r} not found", hint=f"looked in {script.parent.resolve()}")
         )
 
 

@@ -113,8 +113,8 @@ def test_plan_reports_layout_problems_with_the_rest(plugins):
         plan(plugins, site="bluecloud", nodes=2, procs_per_node=4, partition="a100", parallel="tp=8,dp=2")
     text = str(info.value)
     assert text.startswith("2 problems:")  # every problem at once
-    assert "<job>: parallel: dp=2,tp=8,pp=1 is 16 processes, but the job has 8 (2 nodes x 4 per node)" in text
-    assert "<job>: parallel: tp=8 would split tensor-parallel groups across nodes (4 processes per node)" in text
+    assert "<job>: --parallel: dp=2,tp=8,pp=1 is 16 processes, but the job has 8 (2 nodes x 4 per node)" in text
+    assert "<job>: --parallel: tp=8 would split tensor-parallel groups across nodes (4 processes per node)" in text
     assert "(use a tp that divides 4 and put dp or pp across nodes)" in text
 
 
