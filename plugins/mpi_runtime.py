@@ -34,6 +34,11 @@ class MpiRuntime(BackendRuntime):
                 env.launcher,
             )
 
+    def abandon(self) -> None:
+        """MPI has no timeouts: the others would wait in their Allreduce forever, and this rank in
+        MPI_Finalize (a fence with them) at exit. Abort the world, as ``python -m mpi4py`` does."""
+        self.comm.Abort(1)
+
     def shutdown(self) -> None:
         """Nothing to stop: the Context's barrier already ran (when orderly), mpi4py finalizes MPI at exit."""
 
@@ -59,7 +64,8 @@ class MpiRuntime(BackendRuntime):
             return
         # one flat buffer: one MPI call per step instead of one per parameter
         flat = torch.cat([g.detach().reshape(-1).to("cpu", torch.float32) for g in grads])
-        self.comm.Allreduce(MPI.IN_PLACE, flat.numpy(), op=MPI.SUM)
+        with torch.profiler.record_function("mpi_allreduce"):  # what --profile torch counts as communication
+            self.comm.Allreduce(MPI.IN_PLACE, flat.numpy(), op=MPI.SUM)
         flat /= self.env.world_size
         offset = 0
         for g in grads:

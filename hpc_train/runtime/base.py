@@ -90,6 +90,10 @@ class BackendRuntime:
                 **kwargs,
             )
 
+    def abandon(self) -> None:
+        """This rank ends by an error while the others may be waiting for it in a collective: make sure
+        they do not wait forever. Nothing here: gloo and NCCL fail a collective whose peer is gone."""
+
     def shutdown(self) -> None:
         """Stop the backend in this process; the Context has already let every rank get here (barrier)."""
         import torch.distributed as dist

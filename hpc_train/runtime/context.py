@@ -239,6 +239,8 @@ class Context:
         finally:
             if self.heartbeat is not None:
                 self.heartbeat.close()
+            if not orderly:  # after the heartbeat has the error: the rank that failed first names its node
+                self.runtime.abandon()
             self.runtime.shutdown()
 
     def _at_exit(self) -> None:

@@ -262,12 +262,22 @@ class MicroBatcher:
         import torch
 
         size = max(1, min(self.micro or self._chunk, self._chunk) // 2)
-        outputs, sizes = [], []
-        with torch.no_grad():
-            for start, stop in pieces(self._chunk, size):
-                outputs.append(forward(*_slice(args, self._chunk, start, stop), **_slice(kwargs, self._chunk, start, stop)))
-                sizes.append(stop - start)
-        return _merge(outputs, sizes)
+        while True:  # smaller pieces until they fit: a rank that gave up here would leave the others waiting
+            try:
+                outputs, sizes = [], []
+                with torch.no_grad():
+                    for start, stop in pieces(self._chunk, size):
+                        outputs.append(
+                            forward(*_slice(args, self._chunk, start, stop), **_slice(kwargs, self._chunk, start, stop))
+                        )
+                        sizes.append(stop - start)
+                return _merge(outputs, sizes)
+            except Exception as exc:
+                if not is_oom(exc) or size == 1:
+                    raise
+            outputs = sizes = []  # outside the handler: the traceback's frames are gone
+            free_memory(self.runtime.device)
+            size //= 2
 
     def _ran_out(self, where: str, exc: BaseException) -> None:
         self._oom = True
