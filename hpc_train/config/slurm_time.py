@@ -15,10 +15,22 @@ _PATTERNS = (
 )
 
 FORMATS_HINT = "use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, e.g. 12:00:00 or 2-00:00:00"
+# Slurm keeps a limit as 32-bit minutes, the top two values meaning "not set" and INFINITE: a longer
+# time is not a limit sbatch can take (nor one a partition has)
+MAX_SECONDS = (0xFFFFFFFE - 1) * 60
 
 
 def parse_slurm_time(value: str | int) -> int:
     """Return the duration in seconds; raise ValueError with the accepted formats."""
+    seconds = _seconds(value)
+    if seconds > MAX_SECONDS:
+        raise ValueError(
+            f"{value!r} is longer than Slurm can hold (at most {format_slurm_time(MAX_SECONDS)}); for no limit, leave it out"
+        )
+    return seconds
+
+
+def _seconds(value: str | int) -> int:
     if isinstance(value, bool):
         raise ValueError(f"expected a Slurm time, got {value!r}")
     if isinstance(value, int):

@@ -31,3 +31,12 @@ def test_formats_canonically():
     assert format_slurm_time(43200) == "12:00:00"
     assert format_slurm_time(604800) == "7-00:00:00"
     assert format_slurm_time(parse_slurm_time("1-2:3:4")) == "1-02:03:04"
+
+
+def test_a_time_longer_than_slurm_can_hold_is_refused_with_the_longest():
+    from hpc_train.config.slurm_time import MAX_SECONDS, format_slurm_time
+
+    assert parse_slurm_time(format_slurm_time(MAX_SECONDS)) == MAX_SECONDS
+    for value in (MAX_SECONDS // 60 + 1, "9999999-00:00:00"):
+        with pytest.raises(ValueError, match=r"longer than Slurm can hold \(at most 2982616-04:13:00\)"):
+            parse_slurm_time(value)
