@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import ClassVar
 
 from hpc_train import contract
 
@@ -42,9 +43,14 @@ def dump_folder(job_folder: Path, run: int) -> Path:
 
 
 class Heartbeat:
-    def __init__(self, folder: Path, rank: int, run: int, dumps: Path, poll_s: float = POLL_S) -> None:
+    #: this process's heartbeat, once one runs: a plain script's optimizer hook (runtime/boot/hpc_train_watch)
+    #: stands down when the script's hpc_train.runtime Context already keeps one
+    current: ClassVar[Heartbeat | None] = None
+
+    def __init__(self, folder: Path, rank: int, run: int, dumps: Path, poll_s: float = POLL_S, plain: bool = False) -> None:
         self.path = folder / f"rank-{rank}.json"
         self.rank, self.run, self.dumps = rank, run, dumps
+        self.plain = plain  # kept by the optimizer's steps alone (no forward hook): see the watchdog
         self.host = socket.gethostname()
         self.steps = 0  # optimizer steps in this run
         self.at = time.time()
@@ -59,16 +65,17 @@ class Heartbeat:
         self._write()
         self._thread = threading.Thread(target=self._loop, name="hpc_train-heartbeat", daemon=True)
         self._thread.start()
+        Heartbeat.current = self
 
     @classmethod
-    def from_env(cls, rank: int, environ: Mapping[str, str] | None = None) -> Heartbeat | None:
+    def from_env(cls, rank: int, environ: Mapping[str, str] | None = None, plain: bool = False) -> Heartbeat | None:
         env = os.environ if environ is None else environ
         folder, job_folder = env.get(contract.ENV_HEARTBEATS), env.get(contract.ENV_JOB_FOLDER)
         if not folder or not job_folder:
             return None
         run = int(env.get(contract.ENV_RUN) or 1)
         try:
-            return cls(Path(folder), rank, run, dump_folder(Path(job_folder), run))
+            return cls(Path(folder), rank, run, dump_folder(Path(job_folder), run), plain=plain)
         except OSError:
             return None  # a heartbeat that cannot be written must not stop training
 
@@ -90,18 +97,22 @@ class Heartbeat:
 
     def close(self) -> None:
         self._closed.set()
+        if Heartbeat.current is self:
+            Heartbeat.current = None
         if self._thread is not threading.current_thread():
             self._thread.join()
 
     def _loop(self) -> None:
-        answered = False
+        answered = ""  # the request last answered: the watchdog asks again after a quiet spell that was no hang
         while not self._closed.wait(self._next_wait()):
             if self.state == "starting" and self.steps:
                 self.state = "training"
             if (self.steps, self.state, self.at) != self._written:
                 self._write()
-            if not answered and (self.dumps / REQUEST).exists():
-                answered = self._dump()
+            asked = _request(self.dumps)
+            if asked and asked != answered:
+                self._dump()
+                answered = asked
 
     def _next_wait(self) -> float:
         # quiet means longer than QUIET_S and than 3 of the rank's own gaps between progress (as often as
@@ -124,6 +135,7 @@ class Heartbeat:
             "at": written[2],
             "state": written[1],
             "error": self.error,
+            **({"plain": True} if self.plain else {}),
         }
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         try:
@@ -151,6 +163,14 @@ class Heartbeat:
         except OSError:
             pass
         return True
+
+
+def _request(dumps: Path) -> str:
+    """The watchdog's request, as it numbers them ("" when there is none)."""
+    try:
+        return (dumps / REQUEST).read_text().strip() or "1"
+    except OSError:
+        return ""
 
 
 def flight_record(target: Path) -> bool:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_train import contract
-from hpc_train.runtime.hang_report import Culprit, behind, main_stack
+from hpc_train.runtime.hang_report import Culprit, behind, main_stack, waiting
 from hpc_train.runtime.heartbeat import FLIGHT_RECORD_SUFFIX, REQUEST, dump_folder
 from hpc_train.runtime.outside_stacks import dump_from_outside
 from hpc_train.runtime.suspects import record_suspect
@@ -38,6 +38,7 @@ from hpc_train.runtime.suspects import record_suspect
 FLOOR_S = 300.0
 K = 20.0  # x the step time: far beyond any step's jitter, yet minutes, not hours, for a slow model
 START_S = 900.0  # before the first step: imports, compilation, data loading
+PLAIN_FLOOR_S = 1800.0  # the learned limit's floor when no rank uses hpc_train.runtime (see limit())
 POLL_S = 1.0
 # py-spy, one srun step per rank, in turn: a second or two each; the culprits are few, a whole silent job is not
 OUTSIDE_MAX = 8
@@ -108,14 +109,17 @@ def limit(settings: Settings, beats: dict[int, dict[str, Any]], clock: StepClock
     if settings.timeout:
         return settings.timeout, "--hang-timeout"
     step_s = clock.step_s()
-    learned = max(FLOOR_S, K * step_s) if step_s else FLOOR_S
-    return learned, f"learned: max({FLOOR_S:g} s, {K:g} x {step_s or 0:.3f} s/step)"
+    # a plain script's ranks beat only at optimizer steps: rank 0 saving or evaluating alone while the
+    # others wait in a barrier looks like a hang, so the learned limit allows for a long one
+    floor = PLAIN_FLOOR_S if all(b.get("plain") for b in beats.values()) else FLOOR_S
+    learned = max(floor, K * step_s) if step_s else floor
+    return learned, f"learned: max({floor:g} s, {K:g} x {step_s or 0:.3f} s/step)"
 
 
-def watch(settings: Settings, step_alive: Any, now: Any = time.time) -> dict[str, Any] | None:
-    """Poll until the step ends (None) or hangs (the hang's record)."""
+def watch(settings: Settings, step_alive: Any, now: Any = time.time, since: float | None = None) -> dict[str, Any] | None:
+    """Poll until the step ends (None) or hangs (the hang's record); no verdict counts quiet before ``since``."""
     clock = StepClock()
-    started = now()
+    started = now() if since is None else since
     while step_alive():
         time.sleep(POLL_S)
         if settings.stop_file is not None and settings.stop_file.exists():
@@ -152,10 +156,12 @@ def flight_records(folder: Path, ranks: Any) -> dict[int, dict[str, Any]]:
     return records
 
 
-def collect_dumps(settings: Settings, beats: dict[int, dict[str, Any]]) -> tuple[Path, dict[int, str]]:
+def collect_dumps(settings: Settings, beats: dict[int, dict[str, Any]], attempt: int = 1) -> tuple[Path, dict[int, str]]:
     folder = dump_folder(settings.job_folder, settings.run)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / REQUEST).touch()
+    for old in folder.glob("rank-*"):  # an earlier request's answers (a quiet spell that was no hang)
+        old.unlink(missing_ok=True)
+    (folder / REQUEST).write_text(f"{attempt}\n")  # numbered: a rank answers each request once
     deadline = time.time() + DUMP_WAIT_S
     # a rank's file appears whole (written aside, then renamed), so it can be read as soon as it is there
     while time.time() < deadline and not all((folder / f"rank-{r}.txt").exists() for r in beats):
@@ -167,6 +173,29 @@ def collect_dumps(settings: Settings, beats: dict[int, dict[str, Any]]) -> tuple
         except OSError:
             continue
     return folder, dumps
+
+
+def wait_for_hang(settings: Settings, step_alive: Any) -> tuple[dict[str, Any], Path, dict[int, str]] | None:
+    """The hang, with every rank's stacks; None when the step ends first.
+
+    A plain script's ranks beat only at optimizer steps (runtime/boot/hpc_train_watch): no forward hook
+    tells an evaluation pass from a hang. So where every rank is plain, a quiet spell is a hang only if a
+    rank waits in a collective (for one that never comes); otherwise the watch goes on from now."""
+    since, attempt = None, 0
+    while (hang := watch(settings, step_alive, since=since)) is not None:
+        attempt += 1
+        try:
+            folder, dumps = collect_dumps(settings, hang["beats"], attempt)
+        except OSError as exc:  # no report, but the hang is still ended
+            log(f"hang in run {settings.run}; its stacks could not be collected: {exc}")
+            return hang, dump_folder(settings.job_folder, settings.run), {}
+        plain = all(b.get("plain") for b in hang["beats"].values())
+        silent = len(dumps) < len(hang["beats"])  # a stopped rank, or one stuck holding the GIL
+        if not plain or silent or any(waiting(main_stack(d)) for d in dumps.values()):
+            return hang, folder, dumps
+        log(f"run {settings.run}: no optimizer step for {hang['quiet_s']:g} s, but no rank waits in a collective: not a hang")
+        since = time.time()
+    return None
 
 
 def read_silent_ranks(
@@ -254,7 +283,10 @@ def _alive(pid: int) -> Any:
             os.kill(pid, 0)
         except ProcessLookupError:
             return False
-        return True
+        try:  # ended, not yet reaped by its parent (a zombie): its step is over
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except (OSError, IndexError):
+            return True
 
     return check
 
@@ -264,11 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-pid", type=int, required=True, help="the batch script's srun")
     args = parser.parse_args(argv)
     settings = Settings.from_env()
-    hang = watch(settings, _alive(args.step_pid))
-    if hang is None:
+    found = wait_for_hang(settings, _alive(args.step_pid))
+    if found is None:
         return 0
+    hang, folder, dumps = found
     try:
-        folder, dumps = collect_dumps(settings, hang["beats"])
         culprits = behind(hang["beats"], settings.world, dumps, flight_records(folder, hang["beats"]))
         read_silent_ranks(settings, hang["beats"], dumps, folder, culprits)
         report(settings, hang, folder, culprits)

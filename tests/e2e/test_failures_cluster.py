@@ -109,6 +109,29 @@ def test_a_hung_rank_is_named_and_the_run_restarts_elsewhere_from_its_checkpoint
     assert_identical(final_params(sandbox_job_root, reference), final_params(sandbox_job_root, job))
 
 
+def test_a_plain_scripts_hung_rank_is_named_by_its_optimizer_steps(slurm_cluster, sandbox_job_root):
+    """A script that never imports hpc_train.runtime: its optimizer steps are the heartbeat."""
+    out = hpc(
+        "submit", "--site", "sandbox", "--job-root", str(sandbox_job_root), "--nodes", "2", "--procs-per-node", "1",
+        "--parsable", "--hang-timeout", str(HANG_TIMEOUT), "--spare-nodes", "1",
+        str(REPO / "tests" / "e2e" / "plain_hang_train.py"), "--", "--hang-step", "60",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    job = out.stdout.strip()
+    wait_for(lambda: finished(job), 420, "the plain job to finish", release=job)
+    folder = sandbox_job_root / job
+    text = log_text(sandbox_job_root, job)
+    assert state(job) == "COMPLETED" and int((folder / "runs").read_text()) == 2, text[-3000:]
+    [hang] = records(folder / "hangs.jsonl")
+    hung_host = (folder / "plain-hosts-1-rank-1").read_text()
+    assert [(c["rank"], c["host"]) for c in hang["culprits"]] == [(1, hung_host)], hang
+    assert {r["steps"] for r in hang["ranks"].values()} == {60}, hang  # each optimizer step counted once
+    assert HANG_TIMEOUT <= hang["quiet_s"] <= HANG_TIMEOUT + 5, hang
+    assert "plain_hang_train.py" in (Path(hang["dumps"]) / "rank-1.txt").read_text()
+    assert "restarting inside the allocation" in text, text[-3000:]
+    assert hung_host not in {p.read_text() for p in folder.glob("plain-hosts-2-rank-*")}
+
+
 @pytest.mark.parametrize("spares", [0, 1])
 def test_a_sick_node_is_avoided_inside_the_allocation_or_by_the_requeue(slurm_cluster, sandbox_job_root, spares):
     marker = sandbox_job_root / f"sick-node-{time.time_ns()}"

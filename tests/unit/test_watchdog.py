@@ -185,3 +185,14 @@ def test_the_timeout_is_learned_from_the_run_unless_given(tmp_path):
     fast.observe(1000, 10.0)
     assert limit(settings(tmp_path, None), training, fast)[0] == watchdog.FLOOR_S
     assert limit(settings(tmp_path, 42), training, clock) == (42, "--hang-timeout")
+
+
+def test_plain_scripts_get_a_longer_learned_limit_than_runtime_scripts(tmp_path):
+    clock = StepClock()
+    clock.observe(10, 100.0)
+    clock.observe(20, 101.0)  # 0.1 s a step: the floors decide
+    runtime = {0: {"steps": 20, "at": 101.0}, 1: {"steps": 20, "at": 101.0}}
+    plain = {rank: {**beat, "plain": True} for rank, beat in runtime.items()}
+    assert limit(settings(tmp_path, None), runtime, clock)[0] == watchdog.FLOOR_S
+    assert limit(settings(tmp_path, None), plain, clock)[0] == watchdog.PLAIN_FLOOR_S
+    assert limit(settings(tmp_path, 42), plain, clock) == (42, "--hang-timeout")

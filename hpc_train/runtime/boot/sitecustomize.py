@@ -18,6 +18,7 @@ import importlib
 import os
 import sys
 import time
+import types
 
 DRAIN_S = 0.2  # as hpc_train.runtime.base.WORKER_DRAIN_S (measured there: 0/30 aborts, was 3-7/20)
 
@@ -45,20 +46,25 @@ def _chain() -> None:
             sys.modules["sitecustomize"] = ours
 
 
-def _profile_with_nsys() -> None:
-    """Under ``--profile nsys`` a chosen rank's python becomes ``nsys profile ... python ...`` here (hpc_train_nsys).
-
-    Every Python of every job runs this, so it reads the variable without importing hpc_train (20 ms): the
-    contract, which imports nothing, is loaded from its file.
-    """
+def _contract() -> types.ModuleType | None:
+    """hpc_train.contract's names without importing hpc_train (20 ms in every Python of every job): the
+    contract, which imports nothing, loaded from its file; None if it is not there."""
     import importlib.util
 
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "contract.py")
     spec = importlib.util.spec_from_file_location("_hpc_train_contract", path)
     if spec is None or spec.loader is None:
-        return
+        return None
     contract = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(contract)
+    try:
+        spec.loader.exec_module(contract)
+    except OSError:
+        return None
+    return contract
+
+
+def _profile_with_nsys(contract: types.ModuleType) -> None:
+    """Under ``--profile nsys`` a chosen rank's python becomes ``nsys profile ... python ...`` here (hpc_train_nsys)."""
     if not os.environ.get(contract.ENV_PROFILE, "").startswith("nsys"):
         return
     try:
@@ -68,6 +74,20 @@ def _profile_with_nsys() -> None:
     hpc_train_nsys.main()
 
 
-_profile_with_nsys()
+def _watch_plain_scripts(contract: types.ModuleType) -> None:
+    """A plain script's optimizer steps become its rank's heartbeat, where the watchdog runs (hpc_train_watch)."""
+    if not os.environ.get(contract.ENV_HEARTBEATS) or not os.environ.get("RANK", "").isdigit():
+        return  # not a rank of a watched job: nothing more is imported
+    try:
+        import hpc_train_watch  # beside this file
+    except ImportError:  # a python of the job's without hpc_train (a tool's): not a rank's
+        return
+    hpc_train_watch.install()
+
+
+_CONTRACT = _contract()
+if _CONTRACT is not None:
+    _profile_with_nsys(_CONTRACT)
+    _watch_plain_scripts(_CONTRACT)
 atexit.register(_drain)
 _chain()

@@ -1,0 +1,93 @@
+"""Hang detection for scripts that never import hpc_train.runtime: their optimizer's steps are the heartbeat.
+
+The watchdog (hpc_train.runtime.watchdog) judges progress by each rank's heartbeat file, which
+``ctx.step()`` keeps. A plain torchrun or mpirun script has no ``ctx.step()``, but its optimizer steps: once
+``torch.optim`` is imported, this registers a global step post-hook
+(``torch.optim.optimizer.register_optimizer_step_post_hook``) that starts the rank's heartbeat at the first
+step and counts every one after it. A script that never steps an optimizer is never watched; one that uses
+hpc_train.runtime keeps its own heartbeat, and the hook stands down at its first call.
+
+Loaded by the sitecustomize as ``hpc_train_watch`` (like hpc_train_nsys): importing hpc_train.runtime at
+start-up would take the launch's added arguments off ``sys.argv`` before the script reads them. By the
+first optimizer step it has.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hpc_train import contract
+
+TARGET = "torch.optim.optimizer"  # defines register_optimizer_step_post_hook
+
+
+def install(environ: Mapping[str, str] = os.environ) -> bool:
+    """In a rank's python (RANK set, by torchrun or the launch shim) of a job whose watchdog runs."""
+    if not environ.get(contract.ENV_HEARTBEATS) or not environ.get("RANK", "").isdigit():
+        return False
+    if TARGET in sys.modules:
+        _register(sys.modules[TARGET], int(environ["RANK"]))
+    else:
+        sys.meta_path.insert(0, _Finder(int(environ["RANK"])))
+    return True
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Waits for torch.optim.optimizer to be imported, then hooks it; asks nothing of any other import."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def find_spec(self, name: str, path: Sequence[str] | None, target: Any = None) -> Any:
+        if name != TARGET:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        loader, rank = spec.loader, self.rank
+        exec_module = loader.exec_module
+
+        def run(module: Any) -> None:
+            exec_module(module)
+            _register(module, rank)
+
+        loader.exec_module = run  # type: ignore[method-assign]  # this module's own loader instance
+        return spec
+
+
+def _register(module: Any, rank: int) -> None:
+    with contextlib.suppress(Exception):  # a torch without the hook: no watching, never a failed import
+        steps = _Steps(rank)
+        steps.handle = module.register_optimizer_step_post_hook(steps)
+
+
+class _Steps:
+    """The global optimizer step post-hook: the rank's heartbeat, started at the first step."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.beat: Any = None
+        self.handle: Any = None
+
+    def __call__(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.beat is None:
+            from hpc_train.runtime.heartbeat import Heartbeat
+
+            self.beat = None if Heartbeat.current is not None else Heartbeat.from_env(self.rank, plain=True)
+            if self.beat is None:  # hpc_train.runtime's own heartbeat counts the steps, or none can be written
+                self.handle.remove()
+                return
+            atexit.register(self._finished)  # the watchdog stands down once every rank has ended
+        self.beat.beat()
+
+    def _finished(self) -> None:
+        self.beat.finishing()
+        self.beat.close()

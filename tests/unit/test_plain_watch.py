@@ -1,0 +1,140 @@
+"""Hang detection for scripts that never import hpc_train.runtime (runtime/boot/hpc_train_watch.py): two
+real gloo ranks running a plain torch script with the job's boot folder first on PYTHONPATH, as the batch
+script runs them, and the real watchdog beside them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import torch
+
+from hpc_train.runtime.boot import FOLDER as BOOT
+from tests.unit.test_runtime_shutdown import free_port
+from tests.unit.test_watchdog import env
+
+# plain torch: an all-reduce of the gradients by hand, an optimizer step; after 20 steps rank 1 "hangs"
+# (sleeps while rank 0 waits in the all-reduce), or both "evaluate" (compute, no step, no collective)
+PLAIN = textwrap.dedent("""
+    import sys, time
+    import torch, torch.distributed as dist
+    how = sys.argv[1]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(40):
+        if step == 20 and how == "hang" and rank == 1:
+            time.sleep(1000)
+        if step == 20 and how == "evaluate":
+            end = time.time() + 8
+            with torch.no_grad():
+                while time.time() < end:
+                    model(torch.randn(64, 4))
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+        optimizer.step()
+        optimizer.zero_grad()
+        time.sleep(0.02)
+    dist.barrier()
+""")
+
+
+def run(tmp_path: Path, how: str) -> tuple[subprocess.CompletedProcess, list[subprocess.Popen]]:
+    script = tmp_path / "plain.py"
+    script.write_text(PLAIN)
+    environ = {
+        **env(tmp_path, "3"),
+        "PYTHONPATH": os.pathsep.join([BOOT, *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "WORLD_SIZE": "2",
+        "OMP_NUM_THREADS": "1",
+    }
+    ranks = [subprocess.Popen([sys.executable, str(script), how], env={**environ, "RANK": str(r)}) for r in (0, 1)]
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "hpc_train.runtime.watchdog", "--step-pid", str(ranks[0].pid)],
+            env=environ,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        for rank in ranks:  # a finished rank may still be exiting when the watchdog has seen it finish
+            try:
+                rank.wait(timeout=0 if how == "hang" else 30)
+            except subprocess.TimeoutExpired:
+                rank.kill()
+                rank.wait()
+    return out, ranks
+
+
+def test_a_plain_scripts_hung_rank_is_found_by_its_optimizer_steps(tmp_path):
+    out, _ = run(tmp_path, "hang")
+    [hang] = [json.loads(line) for line in (tmp_path / "hangs.jsonl").read_text().splitlines()]
+    beats = {int(rank): beat for rank, beat in hang["ranks"].items()}
+    assert beats[0]["steps"] == beats[1]["steps"] == 20, hang  # every optimizer step counted, once
+    assert [c["rank"] for c in hang["culprits"]] == [1], out.stderr
+    rank1 = (tmp_path / "dumps" / "run-1" / "rank-1.txt").read_text()
+    assert "time.sleep(1000)" in rank1 or "plain.py" in rank1, rank1
+
+
+def test_a_plain_script_that_stops_stepping_to_evaluate_is_not_a_hang(tmp_path):
+    out, ranks = run(tmp_path, "evaluate")
+    assert not (tmp_path / "hangs.jsonl").exists(), out.stderr
+    assert "no rank waits in a collective: not a hang" in out.stderr, out.stderr
+    assert ranks[0].returncode == 0  # trained to the end: the watchdog let it
+
+
+def hooked(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(BOOT)
+    import hpc_train_watch
+
+    monkeypatch.setenv("HPC_TRAIN_HEARTBEATS", str(tmp_path / "heartbeats"))
+    monkeypatch.setenv("HPC_TRAIN_JOB_FOLDER", str(tmp_path))
+    monkeypatch.setenv("RANK", "0")
+    assert hpc_train_watch.install()  # torch.optim is imported here already: hooked at once
+    model = torch.nn.Linear(2, 1)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def test_a_runtime_script_keeps_its_own_heartbeat_and_the_hook_stands_down(tmp_path, monkeypatch):
+    from hpc_train.runtime.heartbeat import Heartbeat, dump_folder
+
+    model, optimizer = hooked(monkeypatch, tmp_path)
+    own = Heartbeat(tmp_path / "heartbeats", 0, 1, dump_folder(tmp_path, 1))  # as the Context makes it
+    try:
+        for _ in range(3):
+            model(torch.ones(1, 2)).sum().backward()
+            optimizer.step()
+        assert own.steps == 0 and Heartbeat.current is own  # only ctx.step() counts, never the hook
+        assert not own.plain
+    finally:
+        own.close()
+    assert Heartbeat.current is None
+
+
+def test_a_plain_rank_heartbeat_starts_at_its_first_step(tmp_path, monkeypatch):
+    from hpc_train.runtime.heartbeat import Heartbeat
+
+    model, optimizer = hooked(monkeypatch, tmp_path)
+    assert not (tmp_path / "heartbeats").exists()  # nothing watched before a step: a script that never steps
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    optimizer.step()
+    beat = Heartbeat.current
+    try:
+        assert beat is not None and beat.plain and beat.steps == 2
+    finally:
+        assert beat is not None
+        beat.close()
+    record = json.loads((tmp_path / "heartbeats" / "rank-0.json").read_text())
+    assert record["plain"] is True and record["rank"] == 0
+    optimizer.step()  # the hook goes on counting into its own (closed) heartbeat; remove it for the next tests
+    sys.modules["torch.optim.optimizer"]._global_optimizer_post_hooks.clear()
