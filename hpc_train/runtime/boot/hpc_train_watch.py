@@ -79,8 +79,10 @@ class _Steps:
 
     def __call__(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.beat is None:
-            from hpc_train.runtime.heartbeat import Heartbeat
+            argv = list(sys.argv)  # hpc_train.runtime takes the launch's words off sys.argv at import: a
+            from hpc_train.runtime.heartbeat import Heartbeat  # plain script keeps what it was given
 
+            sys.argv[:] = argv
             self.beat = None if Heartbeat.current is not None else Heartbeat.from_env(self.rank, plain=True)
             if self.beat is None:  # hpc_train.runtime's own heartbeat counts the steps, or none can be written
                 self.handle.remove()
