@@ -617,6 +617,8 @@ def check_nsys(ctx: Context, run: Runner) -> Check:
         summary = f"`{nsys} --version` failed (exit {code}): " + (out.strip().splitlines() or ["no output"])[0]
     if not ctx.in_job:  # the login node need not have it; the compute nodes do
         return Check("nsys", OK, summary.replace("this node", "this machine") + "; `doctor --submit` checks the compute nodes")
+    if run(["nvidia-smi", "-L"])[0] is None:  # a CPU node: nsys would have no GPU to trace
+        return Check("nsys", OK, summary.replace("would fail", "has nothing to trace") + " (no NVIDIA driver here)")
     return Check(
         "nsys",
         WARN,

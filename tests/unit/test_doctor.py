@@ -281,10 +281,12 @@ def test_report_formatting_and_round_trip():
 NSYS_VERSION = "NVIDIA Nsight Systems version 2024.5.1.113-245134619542v0\n"  # `nsys --version` on an H100 node
 
 
-def nsys_runner(found: bool, calls: list[list[str]] | None = None):
+def nsys_runner(found: bool, calls: list[list[str]] | None = None, gpu: bool = True):
     def run(cmd):
         if calls is not None:
             calls.append(cmd)
+        if cmd[0] == "nvidia-smi":
+            return (0, "GPU 0: NVIDIA H100 80GB HBM3\n") if gpu else (None, "")
         return (0, NSYS_VERSION) if found else (None, "")
 
     return run
@@ -303,6 +305,8 @@ def test_nsys_missing_on_a_compute_node_is_said_with_the_fix():
     check = doctor.check_nsys(Context(site=load_site("sandbox").config, in_job=True), nsys_runner(False))
     assert check.status == WARN and "'nsys' not found: --profile nsys would fail on this node" in check.summary
     assert check.fix is not None and "tools.nsys" in check.fix
+    cpu = doctor.check_nsys(Context(site=load_site("sandbox").config, in_job=True), nsys_runner(False, gpu=False))
+    assert cpu.status == OK and "has nothing to trace" in cpu.summary  # a CPU node: nothing for nsys to do
     login = doctor.check_nsys(Context(site=load_site("sandbox").config), nsys_runner(False))
     assert login.status == OK and "`doctor --submit` checks the compute nodes" in login.summary
 
