@@ -26,6 +26,7 @@ gathers every rank's compute time once per window and adds an ``"event": "ranks"
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import math
 import os
@@ -48,6 +49,7 @@ SWITCH = contract.ENV_METRICS
 JSONL = contract.STEPS
 PROM = "hpc_train.prom"
 TB_DIR = "tensorboard"
+TB_TRIES = 3  # attempts to start the TensorBoard writer before the run goes on without its files
 FLUSH_S = 2.0
 PROM_EVERY_S = 10.0
 # Building and checksumming one TensorBoard event costs ~0.1 ms of Python; past this rate each event
@@ -185,6 +187,7 @@ class MetricsRecorder:
         self._closed = False
         self._jsonl: Any = None
         self._tb: Any = None
+        self._tb_failures = 0
         self._prom: Any = None
         self._gpu: Callable[[], dict[str, float]] | None = None
         self._gpu_checked = False
@@ -415,13 +418,30 @@ class MetricsRecorder:
         lines = rows + (windows or []) + (events or [])
         self._jsonl.write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in lines))
         self._jsonl.flush()  # to the OS: readable from the login node; no fsync per flush
-        self._write_tensorboard(rows)
-        if windows and self._tb:
-            self._write_rank_scalars(windows)
+        try:
+            self._write_tensorboard(rows)
+            if windows and self._tb:
+                self._write_rank_scalars(windows)
+        except Exception as exc:  # TensorBoard's files are a view of steps.jsonl: never lose the record for them
+            self._tensorboard_failed(exc)
         now = time.perf_counter()
         if now - self._last_prom >= PROM_EVERY_S:
             self._last_prom = now
             self._write_prometheus(rows)
+
+    def _tensorboard_failed(self, exc: Exception) -> None:
+        """A writer that could not start (its thread, under memory pressure) is tried again at the next
+        flush, TB_TRIES times in all; one that failed while writing, or too often, stops for the run."""
+        self._tb_failures += 1
+        again = self._tb is None and self._tb_failures < TB_TRIES
+        _log(
+            f"TensorBoard files: {type(exc).__name__}: {exc}; {'trying again' if again else 'none from now on'} (steps.jsonl goes on)"
+        )
+        if not again:
+            with contextlib.suppress(Exception):
+                if self._tb:
+                    self._tb.close()
+            self._tb = False
 
     def _write_tensorboard(self, rows: list[dict[str, Any]]) -> None:
         if self._tb is None:

@@ -268,3 +268,19 @@ def test_straggler_detection_off_adds_nothing(job_folder, monkeypatch):
         recorder.on_step()
     recorder.close()
     assert not [line for line in read_jsonl(job_folder) if line.get("event") == "ranks"]
+
+
+def test_tensorboard_that_cannot_start_leaves_steps_jsonl_going(tmp_path, capsys):
+    folder = tmp_path / "metrics"
+    folder.mkdir()
+    (folder / TB_DIR).write_text("")  # a file where TensorBoard's folder goes: its writer cannot start
+    recorder = MetricsRecorder(folder, flush_s=0)
+    for _ in range(4):
+        recorder.on_backward(torch.tensor(1.0))
+        recorder.on_step()
+    recorder.close()
+    err = capsys.readouterr().err
+    assert "TensorBoard files:" in err and "trying again" in err and "none from now on" in err, err
+    assert recorder.writes is True  # the record itself goes on
+    lines = [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if "event" not in r] == [1, 2, 3, 4]
