@@ -1,24 +1,32 @@
 """Per-step cost of hpc_train.runtime against the same loop written by hand with raw DDP.
 
-Two processes (torchrun, gloo), both loops in the same processes, interleaved in blocks so drift on a
-shared machine hits both alike; medians of per-step times; the ratio is ours / raw. Target <= 1.02.
+Two processes (torchrun, gloo), both loops in the same processes, interleaved in blocks (bench/_interleave.py).
+The runtime's loop has what every job gets switched on: the numerics check (hpc_train.runtime.numerics),
+``--profile torch`` waiting for a window far ahead (the profiler's hooks in place, nothing recorded), the
+data-balance counting of ``ctx.loader`` / ``ctx.batches``; metrics recording is off (bench/metrics_overhead.py
+measures it), and peak memory is read once, at the end, never per step. Both loops read their batches
+through a DistributedSampler's DataLoader, the hand-written one as a raw DDP script would.
 
-    .venv/bin/python bench/runtime_overhead.py [--steps 200 --blocks 6 --hidden 32]
+Printed: median wall and CPU ms per step, the ratio runtime/raw with the spread of the block ratios, and
+the microseconds per step the runtime adds. Target <= 1.02 (about 20 us on the default ~1 ms step).
+
+    .venv/bin/python bench/runtime_overhead.py [--steps 100 --blocks 24 --hidden 32]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
-import subprocess
-import sys
-import time
+import tempfile
+from typing import Any
+
+import _interleave as bench
 
 TARGET = 1.02
+BATCH = 32
+PROFILE = "torch:wait=1000000000,warmup=1,active=1"  # chosen ranks 0 and the last: both; the window never comes
 
 
-def make_model(hidden: int):
+def make_model(hidden: int) -> Any:
     import torch
 
     torch.manual_seed(0)
@@ -28,83 +36,86 @@ def make_model(hidden: int):
 
 def worker(args: argparse.Namespace) -> None:
     import torch
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
     import hpc_train.runtime as rt
 
-    ctx = rt.init(backend="torchrun")
-    torch.manual_seed(ctx.rank)
-    batches = [(torch.randn(32, 16), torch.randn(32, 1)) for _ in range(args.steps)]
+    ctx = rt.init(backend="torchrun", metrics=False, profile=PROFILE)
+    assert ctx.profiler is not None, "the profiler's hooks are part of what is measured"
+    torch.manual_seed(0)
+    data = TensorDataset(
+        torch.randn(args.steps * BATCH * ctx.world_size, 16), torch.randn(args.steps * BATCH * ctx.world_size, 1)
+    )
     loss_fn = torch.nn.MSELoss()
+    sampler = DistributedSampler(data, num_replicas=ctx.world_size, rank=ctx.rank, seed=0)
+    raw_loader = DataLoader(data, batch_size=BATCH, sampler=sampler)
+    ours_loader = ctx.loader(data, BATCH)
 
-    def raw_block() -> list[float]:
+    def raw() -> list[bench.Sample]:
         model = DDP(make_model(args.hidden))
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        times = []
-        for xb, yb in batches:
-            start = time.perf_counter()
+
+        def step(batch: Any) -> None:
             opt.zero_grad(set_to_none=True)
-            loss_fn(model(xb), yb).backward()
+            loss_fn(model(batch[0]), batch[1]).backward()
             opt.step()
-            times.append(time.perf_counter() - start)
-        return times
 
-    def ours_block() -> list[float]:
+        sampler.set_epoch(0)  # every block the same batches, as ctx.batches(loader, 0, steps) below
+        return bench.timed_steps(raw_loader, step)
+
+    def ours() -> list[bench.Sample]:
         model = make_model(args.hidden)
-        model, _opt = ctx.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01))
-        times = []
-        for xb, yb in batches:
-            start = time.perf_counter()
-            ctx.backward(loss_fn(model(xb), yb))
-            ctx.step()
-            times.append(time.perf_counter() - start)
-        return times
+        model, _ = ctx.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01))
 
-    raw_block(), ours_block()  # warm-up: allocator, gloo buffers, autograd graph caches
-    raw, ours = [], []
-    for block in range(args.blocks):
-        order = (raw_block, ours_block) if block % 2 == 0 else (ours_block, raw_block)
-        for fn in order:
-            (raw if fn is raw_block else ours).extend(fn())
-    stats = torch.tensor([statistics.median(raw), statistics.median(ours)], dtype=torch.float64)
-    dist.all_reduce(stats)  # the slower rank sets the pace in data parallel; report the mean of both
-    stats /= ctx.world_size
+        def step(batch: Any) -> None:
+            ctx.backward(loss_fn(model(batch[0]), batch[1]))
+            ctx.step()
+
+        return bench.timed_steps(ctx.batches(ours_loader, 0, args.steps), step)
+
+    runs = bench.interleave({"raw": raw, "ours": ours}, args.blocks)
+    summary = bench.Summary(runs.names, bench.mean_over_ranks(runs.vector(), ctx.all_reduce, ctx.world_size))
+    assert not ctx.profiler.done and ctx.profiler.count > 0  # it counted every step, recorded none
     if ctx.is_main:
-        m_raw, m_ours = stats.tolist()
-        print(f"model 16-{args.hidden}-1, batch 32, {ctx.world_size} processes, {args.blocks} x {args.steps} steps each")
-        print(f"{'loop':<32} {'median ms/step':>15}")
-        print(f"{'raw DDP by hand':<32} {m_raw * 1e3:>15.3f}")
-        print(f"{'hpc_train.runtime':<32} {m_ours * 1e3:>15.3f}")
-        ratio = m_ours / m_raw
-        print(f"ratio runtime/raw: {ratio:.3f} (target <= {TARGET}) -> {'met' if ratio <= TARGET else 'NOT met'}")
+        report(args, ctx.world_size, summary)
     ctx.shutdown()
+
+
+def report(args: argparse.Namespace, world: int, summary: bench.Summary) -> None:
+    print(
+        f"model 16-{args.hidden}-1, batch {BATCH}, {world} processes (DDP, gloo), {args.blocks} blocks x {args.steps} steps each loop"
+    )
+    print(f"{'loop':<58} {'wall ms/step':>13} {'CPU ms/step':>12}")
+    labels = {
+        "raw": "raw DDP by hand",
+        "ours": "hpc_train.runtime (numerics, profiler waiting, data balance)",
+    }
+    for name in summary.names:
+        wall, cpu = summary.median(name)
+        print(f"{labels[name][:58]:<58} {wall * 1e3:>13.3f} {cpu * 1e3:>12.3f}")
+    for line in summary.compare("ours", "raw").lines("ratio runtime/raw", TARGET):
+        print(line)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--blocks", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--blocks", type=int, default=24)
     parser.add_argument("--hidden", type=int, default=32)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=2",
+    from hpc_train import contract
+
+    folder = tempfile.mkdtemp(prefix="hpc_train-overhead-bench-")  # the waiting profiler's folder (never written)
+    bench.torchrun(
         __file__,
-        "--worker",
-        f"--steps={args.steps}",
-        f"--blocks={args.blocks}",
-        f"--hidden={args.hidden}",
-    ]
-    raise SystemExit(subprocess.call(cmd, env=env))
+        [f"--steps={args.steps}", f"--blocks={args.blocks}", f"--hidden={args.hidden}"],
+        env={contract.ENV_JOB_FOLDER: folder},
+    )
 
 
 if __name__ == "__main__":

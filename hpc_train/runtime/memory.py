@@ -19,6 +19,12 @@ ran out. If one did, every rank drops the batch's gradients, halves the micro-ba
 same batch again (at most ``MAX_RETRIES`` times per step). The new size is kept for the rest of the
 run and in the checkpoint (``ctx.checkpointer`` tracks it), so a restored run starts with it.
 
+An out-of-memory error in the optimizer step is another matter: what it allocates (the optimizer's state,
+Adam's two moments made at its first step, and the update's temporaries) is the size of the parameters,
+not of the batch, and the step may have updated some parameters already. Halving the micro-batch cannot
+help and redoing the step would apply part of it twice, so the run stops with
+:class:`OptimizerOutOfMemory`, which says so and what can help, and is not retried by ``--on-failure requeue``.
+
 No collective may be under way when a rank runs out, or the others would wait in it forever, so the
 gradients are not averaged during backward (a DDP runtime's ``set_gradient_sync(False)`` on every
 micro-batch) but at the step, after the agreement (the runtime's ``synchronize_gradients``).
@@ -28,9 +34,13 @@ from __future__ import annotations
 
 import copy
 import gc
+import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from hpc_train import contract
+from hpc_train.runtime.no_retry import refuse_retry
 
 MAX_RETRIES = 4  # halvings of one step before its out-of-memory error ends the run
 MARGIN = 0.1  # of a GPU's memory that auto's choice leaves free
@@ -57,6 +67,33 @@ def is_oom(exc: BaseException) -> bool:
     if cuda_oom is not None and isinstance(exc, cuda_oom):
         return True
     return isinstance(exc, RuntimeError) and any(text in str(exc) for text in OOM_TEXT)
+
+
+class OptimizerOutOfMemory(MemoryError):
+    """The optimizer step ran out of memory: no smaller micro-batch can make it fit (see the module docstring)."""
+
+
+def describe(exc: BaseException) -> str:
+    """An allocator's error in one line (CUDA's runs to a paragraph)."""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+
+
+def optimizer_out_of_memory(runtime: Any, found: str) -> OptimizerOutOfMemory:
+    """The error to raise when ``runtime``'s optimizer step ran out of memory (``found``: :func:`describe`);
+    the job is marked not to be retried."""
+    optimizer = runtime.optimizer
+    groups = getattr(optimizer, "param_groups", None) or []
+    count = sum(p.numel() for group in groups for p in group.get("params", ()))
+    size = f", {count:,} parameters" if count else ""
+    message = (
+        f"rank {runtime.env.rank}: out of memory in the optimizer step ({type(optimizer).__name__}{size}): {found}. "
+        "What the step allocates (the optimizer's state and the update) is the size of the parameters, not of the "
+        "batch, so a smaller --micro-batch cannot help and the step is not redone. Make room for it: fewer or smaller "
+        "parameters, an optimizer with less state (Adam keeps two copies of the parameters, SGD without momentum none), "
+        "its state sharded over the ranks (--backend deepspeed with ZeRO), or nodes with more memory"
+    )
+    refuse_retry(os.environ.get(contract.ENV_NO_RETRY_FILE) or None, message)  # a requeued run would run out again
+    return OptimizerOutOfMemory(message)
 
 
 def free_memory(device: Any) -> None:
@@ -205,6 +242,7 @@ class MicroBatcher:
         self._last = self._oom = self._redo = self._replay = False
         self._retries = 0
         self._error = ""
+        self._probe_error = ""  # auto's last probe ran out in the optimizer step: this error
         self._loss: Any = None
         self._announced = False
 
@@ -281,7 +319,7 @@ class MicroBatcher:
 
     def _ran_out(self, where: str, exc: BaseException) -> None:
         self._oom = True
-        self._error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        self._error = describe(exc)
         rank = self.runtime.env.rank
         print(f"hpc_train: rank {rank}: out of memory in {where} (micro-batch {self._chunk}): {self._error}", flush=True)
         self._drop_gradients()
@@ -308,6 +346,8 @@ class MicroBatcher:
         finally:
             restore(self.module, self.runtime.optimizer, saved)
             free_memory(self.runtime.device)
+        if fitted == 0 and self._probe_error:  # the optimizer's state does not fit, whatever the batch
+            raise optimizer_out_of_memory(self.runtime, f"--micro-batch auto's probe of one sample: {self._probe_error}")
         if fitted == 0:
             raise MemoryError(f"--micro-batch auto: not even one sample fits in memory (tried {', '.join(tried)})")
         self._announce(fitted, "auto", probed=tried)
@@ -321,17 +361,20 @@ class MicroBatcher:
         cuda = device.type == "cuda"
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
-        fits = True
+        fits, where = True, "forward"
         try:
             loss = _surrogate(forward(*_slice(args, self._total, 0, size), **_slice(kwargs, self._total, 0, size)))
             if loss is not None:
+                where = "backward"
                 loss.backward()
             if self.runtime.optimizer is not None:
+                where = "optimizer step"
                 self.runtime.optimizer.step()
         except Exception as exc:
             if not is_oom(exc):
                 raise
             fits = False
+            self._probe_error = describe(exc) if where == "optimizer step" else ""
         loss = None
         self._drop_gradients()
         if fits and cuda:

@@ -82,8 +82,11 @@ class NumericsGuard:
     events: list[dict[str, Any]] = field(default_factory=list)  # what was recorded (tests, ctx users)
     _steps: int = 0  # optimizer steps when metrics are off
     _start: int = 0
-    _loss_ok: list[Any] = field(default_factory=list)  # this step's isfinite(loss), 0-d tensors, one per backward
-    _seeds: dict[tuple[Any, Any], tuple[Any, Any]] = field(default_factory=dict)
+    _seeds: list[Any] = field(default_factory=list)  # this step's loss seeds (1 or NaN), one per backward
+    _key: Any = None  # the (device, dtype) of the last loss, and the constants made for it
+    _one: Any = None
+    _zero: Any = None
+    _agree: tuple[Any, bool] | None = None  # (runtime, runtime.gradients_agree()): fixed once it is set up
     _outcome: BadStep | None = None
     _scale_skipped: bool = False
     _rollbacks: dict[int, int] = field(default_factory=dict)
@@ -104,36 +107,41 @@ class NumericsGuard:
     # -- the hot path ---------------------------------------------------------------------------
     def on_backward(self, loss: Any) -> Any:
         """The loss to differentiate: times 1 if finite, times NaN if not (see the module docstring)."""
-        if not hasattr(loss, "detach"):
+        detach = getattr(loss, "detach", None)
+        if detach is None:
             return loss
-        import torch
+        value = detach()
+        key = (value.device, value.dtype)
+        if key != self._key:  # the constants once per device and dtype, not per step
+            import torch
 
-        ok = torch.isfinite(loss.detach())
-        if ok.dim():
-            ok = ok.all()
-        self._loss_ok.append(ok)
-        key = (loss.device, loss.dtype)
-        seeds = self._seeds.get(key)
-        if seeds is None:
-            seeds = self._seeds[key] = (
-                torch.ones((), device=loss.device, dtype=loss.dtype),
-                torch.full((), math.nan, device=loss.device, dtype=loss.dtype),
-            )
-        return loss * torch.where(ok, seeds[0], seeds[1])
+            self._key = key
+            self._one, self._zero = torch.ones((), device=key[0], dtype=key[1]), torch.zeros((), device=key[0], dtype=key[1])
+        # One fused op, no host sync: 1 + loss * 0 is exactly 1 for a finite loss and NaN for inf or NaN
+        # (isfinite then where would be two ops and a temporary, every step).
+        seed = self._one.addcmul(value, self._zero)
+        self._seeds.append(seed)
+        return loss * seed
 
     def check(self, runtime: BackendRuntime, norm: Any, *, loss_scaling: bool = False) -> bool:
         """At an optimizer step, after averaging: whether to apply it. ``norm`` is this rank's gradient
-        norm (a tensor: reading it is the step's one device sync); ``loss_scaling``: a scaler skips
-        overflowing steps itself (fp16), so a non-finite gradient with finite losses is left to it."""
+        norm (a tensor). Reading it is the check's one device sync per optimizer step, and it cannot go:
+        whether ``optimizer.step()`` runs is decided on the host (as fp16's GradScaler decides with its
+        own read of its overflow flag, which then costs next to nothing after this one). ``loss_scaling``:
+        a scaler skips overflowing steps itself (fp16), so a non-finite gradient with finite losses is
+        left to it."""
         if hasattr(norm, "full_tensor"):  # clipping DTensor gradients (tensor parallel) returns a DTensor norm
             norm = norm.full_tensor()
         value = float(norm) if norm is not None else 0.0
         finite = math.isfinite(value)
-        if not runtime.gradients_agree():  # ranks hold different parameters: their norms differ
+        if self._agree is None or self._agree[0] is not runtime:
+            self._agree = (runtime, runtime.gradients_agree())
+        if not self._agree[1]:  # ranks hold different parameters: their norms differ
             finite = not runtime.any_rank(not finite)
-        self._note({"grad_norm": value})
+        if self.metrics is not None:
+            self.metrics.step_scalars({"grad_norm": value})
         if finite:
-            self._loss_ok.clear()
+            self._seeds.clear()
             return True
         return not self._judge(runtime, loss_scaling)
 
@@ -142,7 +150,7 @@ class NumericsGuard:
         ``skipped`` must be the same on every rank (the framework agreed on it)."""
         self._note({"grad_norm": norm})  # None: not computed, or not finite
         if not skipped:
-            self._loss_ok.clear()
+            self._seeds.clear()
             return
         self._judge(runtime, loss_scaling)
 
@@ -160,12 +168,10 @@ class NumericsGuard:
         return True
 
     def _loss_bad(self) -> bool:
-        flags, self._loss_ok = self._loss_ok, []
-        if not flags:
-            return False
+        seeds, self._seeds = self._seeds, []
         import torch
 
-        return not bool(torch.stack(flags).all())
+        return not all(bool(torch.isfinite(seed).all()) for seed in seeds)  # a bad step only: one read each
 
     # -- after the step (the Context) -------------------------------------------------------------
     def start_at(self, step: int) -> None:

@@ -240,3 +240,71 @@ def test_bad_micro_batch_settings_are_refused_before_submission(tmp_path, capsys
     assert message in err and "Traceback" not in err
     if "deepspeed" in args:
         assert "ds_config" in err and "--backend mpi or torchrun" in err  # the backend's reason, and who can
+
+
+# -- out of memory in the optimizer step: its state is the parameters' size, not the batch's ------------------
+
+# 33.6 M parameters (134 MB): weights, gradients and DDP's buckets fit in the budget with room for the step's
+# averaging; SGD without momentum updates in place, Adam's first step adds two moments and a temporary of that size.
+OPTIMIZER_SCRIPT = (
+    SCRIPT.split("out = Path")[0]
+    + """\
+ctx = rt.init()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4096, 8192), torch.nn.ReLU(), torch.nn.Linear(8192, 1))
+optimizer = torch.optim.Adam if sys.argv[1] == "adam" else torch.optim.SGD
+model, opt = ctx.prepare(model, optimizer(model.parameters(), lr=0.001))
+x = torch.randn(2 * 2 * 16, 4096)
+loader = ctx.loader(TensorDataset(x, x[:, :1].clone()), batch_size=16)
+for xb, yb in ctx.batches(loader, 0, 2):
+    ctx.backward(torch.nn.functional.mse_loss(model(xb), yb))
+    ctx.step()
+print(f"rank {ctx.rank} trained 2 steps", flush=True)
+ctx.shutdown()
+"""
+)
+OPTIMIZER_BUDGET_MB = 850  # SGD ran out below 700 here, Adam still at 1000
+
+
+def run_optimizer_job(folder: Path, optimizer: str, micro_batch: str = "8") -> subprocess.CompletedProcess:
+    folder.mkdir(parents=True)
+    script = folder / "job.py"
+    script.write_text(OPTIMIZER_SCRIPT)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MALLOC_ARENA_MAX": "2",
+        "HPC_TRAIN_BACKEND": "torchrun",
+        "HPC_TRAIN_MICRO_BATCH": micro_batch,
+        "HPC_TRAIN_METRICS": "0",
+        "HPC_TRAIN_NO_RETRY_FILE": str(folder / "no-retry"),
+        "HPC_TRAIN_STOP_FILE": str(folder / "no-stop-file"),
+        "TEST_MEMORY_BUDGET_MB": str(OPTIMIZER_BUDGET_MB),
+    }
+    env.pop("HPC_TRAIN_JOB_FOLDER", None)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
+    command += ["--master-port", str(free_port()), str(script), optimizer]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+
+
+def test_out_of_memory_in_the_optimizer_step_stops_with_why_a_smaller_micro_batch_cannot_help(tmp_path):
+    sgd = run_optimizer_job(tmp_path / "sgd", "sgd")  # the same job with a stateless optimizer fits the budget
+    assert sgd.returncode == 0, sgd.stdout[-3000:] + sgd.stderr[-3000:]
+    assert "rank 0 trained 2 steps" in sgd.stdout and not (tmp_path / "sgd" / "no-retry").exists()
+    adam = run_optimizer_job(tmp_path / "adam", "adam")
+    log = adam.stdout + adam.stderr
+    assert adam.returncode != 0 and "trained 2 steps" not in log
+    assert "OptimizerOutOfMemory: rank " in log, log[-3000:]
+    assert "out of memory in the optimizer step (Adam, 33,570,817 parameters): RuntimeError: " in log
+    assert "DefaultCPUAllocator: can't allocate memory" in log  # the allocator's own error, under the limit
+    assert "a smaller --micro-batch cannot help and the step is not redone" in log
+    assert "out of memory with 8" not in log and "micro-batch 4 of" not in log  # no halving was tried
+    assert "a smaller --micro-batch cannot help" in (tmp_path / "adam" / "no-retry").read_text()  # not requeued
+    # auto's probe meets it at one sample: the same reason, not "not even one sample fits"
+    auto = run_optimizer_job(tmp_path / "auto", "adam", "auto")
+    log = auto.stdout + auto.stderr
+    assert auto.returncode != 0 and "not even one sample fits" not in log
+    assert (
+        "out of memory in the optimizer step (Adam, 33,570,817 parameters): --micro-batch auto's probe of one sample: RuntimeError: "
+        in log
+    )

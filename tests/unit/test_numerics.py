@@ -309,3 +309,19 @@ def test_bad_option_values_are_refused_before_submission_naming_the_option(tmp_p
     )
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert message.replace("_", "-") in out.stderr or message in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("action", ["rollback", "stop"])
+def test_on_divergence_with_max_bad_steps_zero_is_refused_naming_both_and_what_would_do(tmp_path, capsys, action):
+    from hpc_train.cli import main
+
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    assert main(["render", "--site", "local", "--on-divergence", action, "--max-bad-steps", "0", str(script)]) != 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert f"--on-divergence: '{action}' never acts with --max-bad-steps 0" in err, err
+    assert f"give --max-bad-steps N (N >= 1: {action} after N bad steps in a row" in err and "drop --on-divergence" in err
+    # each alone is meaningful: 0 skips bad steps for ever, and rollback acts after the default 5
+    assert main(["render", "--site", "local", "--max-bad-steps", "0", str(script)]) == 0
+    assert main(["render", "--site", "local", "--on-divergence", action, "--max-bad-steps", "1", str(script)]) == 0
