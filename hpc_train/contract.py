@@ -57,6 +57,7 @@ ENV_CHECKPOINT_EVERY = "HPC_TRAIN_CHECKPOINT_EVERY"  # save every N steps ("0": 
 ENV_KEEP_CHECKPOINTS = "HPC_TRAIN_KEEP_CHECKPOINTS"  # committed checkpoints kept: plan
 ENV_ASYNC_CHECKPOINT = "HPC_TRAIN_ASYNC_CHECKPOINT"  # "1": write checkpoints in the background: plan
 ENV_RESTART_FROM_SCRATCH = "HPC_TRAIN_RESTART_FROM_SCRATCH"  # "1": set old checkpoints aside, start at step 0: plan
+ENV_RESUME_FROM = "HPC_TRAIN_RESUME_FROM"  # --resume-from: the absolute checkpoint folder of the job resumed: plan
 
 # metrics
 ENV_METRICS = "HPC_TRAIN_METRICS"  # "0" turns per-step metrics off (submit --no-metrics): plan

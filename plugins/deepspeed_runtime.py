@@ -16,6 +16,8 @@ class DeepSpeedRuntime(BackendRuntime):
     name = "deepspeed"
     # with --parallel, DeepSpeed's own pipeline engine averages over dp and saves; hpc_train adds the mesh
     owns_parallelism = True
+    # its ZeRO partitions are files per data-parallel rank; its universal-checkpoint conversion is not wired in
+    resharding = "DeepSpeed's engine checkpoint is partitioned per rank (ZeRO); resume it with the world size that saved it"
     pipeline_microbatches: int | None = None
 
     def init(self) -> None:

@@ -96,6 +96,15 @@ def _sbatch_keys(value: dict[str, Any]) -> dict[str, Any]:
 Line = Annotated[str | None, After(_single_line)]
 
 
+def _resume_from(value: str | None) -> str | None:
+    # resolved to the absolute checkpoint folder here, so the job reads back the folder that was checked
+    if value is None:
+        return None
+    from hpc_train.jobs.resume_source import resolve
+
+    return resolve(value)
+
+
 def _micro_batch(value: Any) -> str | None:
     # "auto" or a whole number of samples, kept as text: the flag, the variable and the API spell it alike
     if value is None:
@@ -318,6 +327,16 @@ class JobSpec(Model):
         env=contract.ENV_RESTART_FROM_SCRATCH,
         help="when the job's checkpoints exist but none loads (damaged), set them aside and train from step 0 instead "
         "of failing (a checkpoint that loads is still resumed from)",
+    )
+    resume_from: Annotated[str | None, After(_resume_from)] = setting(
+        None,
+        "continue the newest committed checkpoint of this job (id or name) or folder, at this job's shape "
+        '(docs/checkpointing.md, "Resume under a different shape")',
+        group=PREEMPTION,
+        metavar="JOB|FOLDER",
+        env=contract.ENV_RESUME_FROM,
+        help="start from the newest committed checkpoint of job JOB (id or name) or of FOLDER (a job or checkpoint "
+        "folder), with this job's world size; its own checkpoints, once it has any, win after a requeue",
     )
     exact_resume: bool | None = setting(
         None,

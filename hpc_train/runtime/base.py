@@ -14,17 +14,21 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import math
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from hpc_train.runtime.environment import DistEnv
+from hpc_train.runtime.memory import describe, is_oom, optimizer_out_of_memory
 from hpc_train.runtime.options import RuntimeOptions
 
 if TYPE_CHECKING:
     from hpc_train.runtime.parallel import ParallelState
 
+# Up to this many gradients on the CPU, their norm is summed in Python (see gradient_norm).
+FEW_TENSORS = 16
 # How long shutdown() lets go of the GIL for torch's communication threads to finish (see shutdown()).
 WORKER_DRAIN_S = 0.2
 
@@ -43,6 +47,10 @@ class BackendRuntime:
     #: hpc_train then only builds the device mesh, and ``ctx.pipeline(...)`` calls :meth:`pipeline`.
     #: False: hpc_train averages over the dp group, saves sharded state and runs its own pipeline schedules.
     owns_parallelism: ClassVar[bool] = False
+    #: why this runtime's checkpoints load only at the world size that saved them (its engine splits the
+    #: state per rank); None: its state is replicated (the same on every rank) and loads at any world size
+    #: (hpc_train.runtime.resume)
+    resharding: ClassVar[str | None] = None
     #: this rank's place in the ``--parallel`` mesh, set by ``init()`` under a layout; None without one
     parallel: ParallelState | None = None
 
@@ -55,6 +63,8 @@ class BackendRuntime:
         self.micro_step = 0
         self.metrics: Any = None  # the Context's MetricsRecorder (times the communication); None when off
         self.numerics: Any = None  # the Context's NumericsGuard (hpc_train.runtime.numerics)
+        self._parameters_of: Any = None  # the model whose parameters _parameters lists
+        self._parameters: list[Any] = []
 
     # -- setup ---------------------------------------------------------------------------
     @functools.cached_property
@@ -167,7 +177,12 @@ class BackendRuntime:
         norm = self.clip_gradients()
         # a non-finite loss or gradient on any rank: every rank skips (the scaler's own skips stay its own)
         if self.numerics is None or self.numerics.check(self, norm, loss_scaling=self.scaler is not None):
-            self.optimizer_step()
+            try:
+                self.optimizer_step()
+            except Exception as exc:  # what it allocates is the parameters' size: no smaller micro-batch helps
+                if not is_oom(exc):
+                    raise
+                raise optimizer_out_of_memory(self, describe(exc)) from exc
         if self.scaler is not None:
             self.scaler.update()
         self.optimizer.zero_grad()  # set_to_none by default; Horovod's wrapper takes no arguments
@@ -184,14 +199,20 @@ class BackendRuntime:
         return self.gradient_norm() if self.numerics is not None else None
 
     def gradient_norm(self) -> Any:
-        """The 2-norm of this rank's (averaged) gradients: one norm per tensor in one fused call, then one of those."""
+        """The 2-norm of this rank's (averaged) gradients: one norm per tensor in one fused call, then one of
+        those (a tensor; a float for a few CPU tensors)."""
         import torch
 
-        # a tensor-parallel shard's own part (as hpc_train.runtime.parallel._local): ranks then disagree, see gradients_agree
-        grads = [getattr(p.grad, "_local_tensor", p.grad) for p in self.parameters()]
+        grads = [p.grad for p in self._parameter_list() if p.grad is not None]
         if not grads:
             return None
-        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        if self.parallel is not None:
+            # a tensor-parallel shard's own part (as hpc_train.runtime.parallel._local): ranks then disagree, see gradients_agree
+            grads = [getattr(g, "_local_tensor", g) for g in grads]
+        norms = torch._foreach_norm(grads)
+        if len(norms) <= FEW_TENSORS and grads[0].is_cpu:  # reading a few CPU numbers costs less than two more ops
+            return math.hypot(*map(float, norms))  # inf if any is, else NaN if any is: non-finite either way
+        return torch.linalg.vector_norm(torch.stack(norms))  # on a GPU: no read here, the check's is the one sync
 
     def gradients_agree(self) -> bool:
         """Whether every rank holds the same averaged gradients at the step, so a non-finite norm is seen
@@ -211,7 +232,15 @@ class BackendRuntime:
             self.optimizer.step()
 
     def parameters(self) -> Iterator[Any]:
-        return (p for p in self.model.parameters() if p.grad is not None)
+        return (p for p in self._parameter_list() if p.grad is not None)
+
+    def _parameter_list(self) -> list[Any]:
+        """The prepared model's parameters, listed once per model: walking the module tree costs more per
+        step than the gradient norm of a small model (the parameters are fixed once prepared, as DDP requires)."""
+        model = self.model
+        if self._parameters_of is not model:
+            self._parameters_of, self._parameters = model, list(model.parameters())
+        return self._parameters
 
     # -- collectives -------------------------------------------------------------------------
     def all_reduce(self, tensor: Any, op: str = "sum") -> Any:
@@ -260,9 +289,9 @@ class BackendRuntime:
         return self.micro_step % self.options.grad_accum == 0
 
     def checkpoint_state(self) -> dict[str, Any] | None:
-        """Rank 0's model, optimizer and scaler state (None elsewhere: replicas are identical)."""
-        if self.env.rank != 0:
-            return None
+        """The model, optimizer and scaler state, the same on every rank (replicas are identical), so the
+        Checkpointer splits its writing across ranks. A runtime whose state differs by rank returns None
+        and writes it in ``write_engine_state``."""
         return {
             "model": self.unwrap(self.model).state_dict(),
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
@@ -271,6 +300,13 @@ class BackendRuntime:
 
     def write_engine_state(self, folder: str) -> None:
         """For backends whose state lives on every rank (DeepSpeed): all ranks write here."""
+
+    def start_engine_state(self, folder: str) -> Callable[[], None] | None:
+        """``write_engine_state`` for a background save: a runtime that can write in the background
+        starts it and returns what waits until this rank's part is written (the checkpoint writer
+        thread calls it); by default the state is written now and None returned."""
+        self.write_engine_state(folder)
+        return None
 
     def load_checkpoint_state(self, state: dict[str, Any] | None, folder: str) -> None:
         if state is None:

@@ -2,7 +2,8 @@
 
 Layout of the job's checkpoint folder (``$HPC_TRAIN_CHECKPOINT_DIR``, one per job)::
 
-    step-00000120/            a complete checkpoint: hpc_train.pt (+ engine/ for DeepSpeed) + COMMIT
+    step-00000120/            a complete checkpoint: hpc_train.pt (+ shard-R.pt, one per rank, of
+                              replicated state; + engine/ for DeepSpeed and sharded layouts) + COMMIT
     step-00000180.tmp-4242/   being written; ignored by restore, removed by the next save
     step-00000100.damaged-2/  did not load in run 2; set aside (never deleted) so it is not tried again
 
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpc_train import contract
+from hpc_train.runtime import resume, shard_save
 from hpc_train.runtime.no_retry import refuse_retry
 from hpc_train.runtime.preemption import StopWatcher, log, requeue
 
@@ -69,22 +71,6 @@ class CheckpointError(RuntimeError):
         self.repeats = repeats
 
 
-class _HashingWriter:
-    """What torch.save writes into: each chunk is digested on its way to the file, so the state
-    file's digest costs no read-back. torch.save needs only write() and flush()."""
-
-    def __init__(self, file: Any) -> None:
-        self.file = file
-        self.hash = hashlib.new(DIGEST)
-
-    def write(self, data: Any) -> int:
-        self.hash.update(data)  # releases the GIL for large chunks: training goes on meanwhile
-        return self.file.write(data)
-
-    def flush(self) -> None:
-        self.file.flush()
-
-
 def _digest(file: Any, algorithm: str = DIGEST) -> str:
     h = hashlib.new(algorithm)
     buffer = bytearray(_CHUNK)
@@ -122,6 +108,19 @@ def _fsync_tree(path: Path, digests: dict[str, str]) -> dict[str, int]:
         _fsync_dir(folder)
     _fsync_dir(path)
     return sizes
+
+
+def _engine_files(tmp: Path, digests: dict[str, str]) -> dict[str, int]:
+    """Rank 0's pass over what the backend wrote into ``engine/`` (every rank's part is written: before
+    the shares start, or, in the background, before rank 0's own engine write returns, as DCP's does):
+    fsynced, sizes returned and digests added, named as in the COMMIT marker."""
+    engine = tmp / ENGINE_DIR
+    if not engine.is_dir():
+        return {}
+    found: dict[str, str] = {}
+    sizes = _fsync_tree(engine, found)
+    digests.update({f"{ENGINE_DIR}/{name}": digest for name, digest in found.items()})
+    return {f"{ENGINE_DIR}/{name}": size for name, size in sizes.items()}
 
 
 def _check_file(path: Path, name: str, size: int, digest: str | None, algorithm: str) -> str | None:
@@ -216,27 +215,6 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         np.random.set_state((kind, np.frombuffer(keys, dtype="<u4").copy(), pos, has_gauss, cached))
 
 
-def _to_cpu(obj: Any, staging: dict[tuple[Any, ...], Any], path: tuple[Any, ...] = ()) -> Any:
-    """A snapshot detached from training: tensors copied to CPU, containers copied.
-
-    Copies go into staging buffers kept from the previous save: writing into memory that is already
-    mapped is several times faster than allocating (page faults), and this copy is the only part of
-    an async save that blocks training.
-    """
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        buffer = staging.get(path)
-        if buffer is None or buffer.shape != obj.shape or buffer.dtype != obj.dtype:
-            buffer = staging[path] = torch.empty(obj.shape, dtype=obj.dtype, device="cpu")
-        return buffer.copy_(obj.detach())
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v, staging, path + (k,)) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(v, staging, path + (i,)) for i, v in enumerate(obj))
-    return obj
-
-
 class Checkpointer:
     """Save every N steps and when the job must stop; restore the newest complete checkpoint."""
 
@@ -248,7 +226,10 @@ class Checkpointer:
         keep: int | None = None,
         async_save: bool | None = None,
         restart_from_scratch: bool | None = None,
+        writers: int | None = None,
     ) -> None:
+        """``writers``: how many ranks split the writing of replicated state (default: all; 1 is rank 0
+        alone, the old way, kept as the benchmark's baseline)."""
         env = os.environ
         self.ctx = ctx
         self.folder = Path(folder or env.get(contract.ENV_CHECKPOINT_DIR) or contract.CHECKPOINTS)
@@ -264,8 +245,9 @@ class Checkpointer:
         self.tracked: dict[str, Any] = {}
         self.watcher = StopWatcher().start()
         self.last_saved: int | None = None
-        self._writer: threading.Thread | None = None
-        self._writer_error: CheckpointError | None = None
+        self.writers = writers
+        self._pending: shard_save.Share | None = None  # a save whose shares are not all committed yet
+        self._writer: threading.Thread | None = None  # this rank's background write of it
         self._staging: dict[tuple[Any, ...], Any] = {}
         if ctx.is_main:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -308,6 +290,10 @@ class Checkpointer:
         (training silently from step 0 would throw the run away), unless restart_from_scratch.
         """
         runtime = self.ctx.runtime
+        # --resume-from, until this job has a checkpoint of its own (rank 0 decides: all ranks go one way)
+        other = runtime.gather_object(resume.source(self) if self.ctx.is_main else None)[0]
+        if other is not None:
+            return resume.restore_from(self, other)
         candidates = runtime.gather_object(self.complete() if self.ctx.is_main else None)[0]
         failed: list[tuple[int, Path, str]] = []
         for index, (step, path) in enumerate(candidates):
@@ -316,6 +302,7 @@ class Checkpointer:
                 problem = self._agreed(self._try_load(path))
             if problem is None:
                 self._set_aside(failed)
+                resume.adapt(self.ctx, path)  # a resumed run's global batch, after a requeue too
                 self.last_saved = step
                 if self.ctx.is_main:
                     log(f"run {self.run}: restored step {step} from {path}")
@@ -395,7 +382,7 @@ class Checkpointer:
     def _load(self, path: Path) -> None:
         import torch
 
-        payload = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+        payload = shard_save.assemble(torch.load(path / STATE_FILE, map_location="cpu", weights_only=True), path)
         self.ctx.runtime.load_checkpoint_state(payload["runtime"], str(path / ENGINE_DIR))
         for name, obj in self.tracked.items():
             state = payload["tracked"].get(name)
@@ -414,48 +401,131 @@ class Checkpointer:
 
     # -- saving -----------------------------------------------------------------------------------
     def save(self, step: int, *, wait: bool | None = None) -> None:
-        """Save ``step`` now; every rank must call it. Rank 0's write runs in the background when
-        async saving is on (training is blocked only while the state is copied), unless ``wait``."""
+        """Save ``step`` now; every rank must call it. Each rank writes its share of replicated state
+        (rank 0 also the rest); with async saving on, in a background thread after copying its share
+        (the only part that blocks training), unless ``wait``. Committed once every share is durable:
+        at once without async, else by the first ``step()``, ``wait()`` or ``save()`` after that."""
         runtime = self.ctx.runtime
-        self._agree_on(self._finish_writer())
-        # every rank may write into it (engine or sharded state): all must name the same folder
+        self._finish_pending()  # the next save waits for the previous one: committed, or raised everywhere
+        # every rank writes into it (its share, engine or sharded state): all must name the same folder
         suffix = os.environ.get("SLURM_JOB_ID") or runtime.gather_object(os.getpid())[0]
         tmp = self.folder / f"step-{step:08d}.tmp-{suffix}"
         final = self.folder / f"step-{step:08d}"
         if self.ctx.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
+            resume.write_shape(tmp, self.ctx)  # a later job may resume it at another shape
         runtime.barrier()
+        background = self.async_save if wait is None else not wait
         engine_error: Exception | None = None
-        try:
-            runtime.write_engine_state(str(tmp / ENGINE_DIR))
+        engine_wait = None
+        try:  # in the background only where the runtime can (DCP's async save)
+            if background:
+                engine_wait = runtime.start_engine_state(str(tmp / ENGINE_DIR))
+            else:
+                runtime.write_engine_state(str(tmp / ENGINE_DIR))
         except Exception as exc:
             engine_error = exc
         payload = self._payload(step)  # a collective: every rank gets here
-        failure: CheckpointError | None = None
-        if engine_error is None and self.ctx.is_main:
-            background = self.async_save if wait is None else not wait
-            if background and payload["runtime"] is not None:
-                snapshot = _to_cpu(payload, self._staging)  # training goes on changing the live tensors
-                self._writer = threading.Thread(
-                    target=self._write_guarded, args=(snapshot, tmp, final, step), name="hpc_train-checkpoint-writer"
-                )
-                self._writer.start()
-            else:
-                try:  # training waits for this write: the live tensors cannot change under it
-                    self._write(payload, tmp, final, step)
-                except CheckpointError as exc:
-                    failure = exc
-        if runtime.any_rank(engine_error is not None or failure is not None):
-            if self.ctx.is_main:
-                shutil.rmtree(tmp, ignore_errors=True)
-            runtime.barrier()  # so that a rank's report of free space counts the partial write as gone
-            if engine_error is not None:
-                failure = self._failure(
-                    step, engine_error, self._needed(payload), f"rank {self.ctx.rank} writing its engine state"
-                )
-            self._raise_agreed(failure)
+        if runtime.any_rank(engine_error is not None):
+            who = f"rank {self.ctx.rank} writing its engine state"
+            self._abandon(tmp, step, engine_error, _tensor_bytes(payload), who)
+        share = self._share(step, tmp, final, payload, background)
+        share.before = engine_wait
+        self._pending = share
+        share.start(background)
+        self._writer = share.thread
+        if not background:
+            self._finish_pending()
         self.last_saved = step
+
+    def _share(self, step: int, tmp: Path, final: Path, payload: dict[str, Any], background: bool) -> shard_save.Share:
+        """What this rank writes of ``payload``: its share of the replicated state; rank 0 also the rest.
+
+        Only replicated state is split (``checkpoint_state()`` is the same on every rank); a backend
+        that writes its own state on every rank (``write_engine_state``) has none, and rank 0 writes
+        hpc_train.pt alone, as it does with one writer.
+        """
+        state = payload["runtime"]
+        writers = min(self.writers or self.ctx.world_size, self.ctx.world_size)
+        files: dict[str, Any] = {}
+        structure = ""
+        needed = _tensor_bytes(payload)  # every rank holds the whole replicated state: the whole size
+        if state is not None and writers > 1:
+            mine, owners, structure = shard_save.split(state, self.ctx.rank, writers)
+            if mine:
+                files[shard_save.shard_name(self.ctx.rank)] = mine
+            names = [shard_save.shard_name(r) for r in sorted(set(owners))]
+            payload = {**payload, "runtime": shard_save.skeleton(state), shard_save.SHARDS: names}
+        if self.ctx.is_main:
+            files = {STATE_FILE: payload, **files}
+        if background:  # training goes on changing the live tensors
+            files = shard_save.snapshot(files, self._staging)
+        more = (lambda digests: _engine_files(tmp, digests)) if self.ctx.is_main else None
+        return shard_save.Share(step, tmp, final, files, DIGEST, structure, needed, more)
+
+    def _finish_pending(self) -> None:
+        """Wait for this rank's share of the last save; when every rank's is durable, rank 0 commits.
+
+        A collective (every rank calls it): any rank's failure is raised on every rank, once.
+        """
+        share, self._pending, self._writer = self._pending, None, None
+        if share is None:
+            return
+        share.join()
+        runtime = self.ctx.runtime
+        if runtime.any_rank(share.error is not None):
+            who = f"rank {self.ctx.rank} writing its share" if self.ctx.world_size > 1 else ""
+            self._abandon(share.tmp, share.step, share.error, share.needed, who)
+        reports = runtime.gather_object((share.sizes, share.digests, share.fingerprint))
+        self._agree_on(self._commit(share, reports) if self.ctx.is_main else None)
+
+    def _abandon(self, tmp: Path, step: int, error: Exception | None, needed: int, who: str) -> None:
+        """Raise the first failing rank's error on every rank, after rank 0 removed the partial write
+        (a collective, once any rank failed; ``error`` is None on the ranks that did not fail)."""
+        if self.ctx.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        self.ctx.runtime.barrier()  # so that a rank's report of free space counts the partial write as gone
+        failure = None if error is None else self._failure(step, error, self._needed(needed), who)
+        self._raise_agreed(failure)
+
+    def _commit(self, share: shard_save.Share, reports: list[Any]) -> CheckpointError | None:
+        """Rank 0, once every rank's share is fsynced: the folder renamed into place, then COMMIT."""
+        tmp, final, step = share.tmp, share.final, share.step
+        sizes: dict[str, int] = {}
+        digests: dict[str, str] = {}
+        for rank_sizes, rank_digests, _ in reports:
+            sizes.update(rank_sizes)
+            digests.update(rank_digests)
+        try:
+            if len({structure for _, _, structure in reports}) > 1:
+                raise RuntimeError("the ranks' states differ in shapes or dtypes: they are not replicas of one state")
+            _fsync_dir(tmp)
+            if final.exists():  # the same step saved again (a stop right after a periodic save)
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            marker = final / f".{COMMIT}.tmp"
+            # "files" stays {name: size}: what markers without digests held, so older readers still work
+            marker.write_text(
+                json.dumps({"step": step, "files": sizes, "digest": DIGEST, "digests": digests, "committed_at": time.time()})
+            )
+            with open(marker, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(marker, final / COMMIT)
+            _fsync_dir(final)
+            _fsync_dir(self.folder)
+        except Exception as exc:  # ENOSPC on the marker, a rename refused
+            shutil.rmtree(tmp, ignore_errors=True)
+            if final.exists() and not (final / COMMIT).exists():
+                shutil.rmtree(final, ignore_errors=True)
+            return self._failure(step, exc, self._needed(share.needed))
+        self._prune()
+        log(f"saved step {step} to {final}")
+        return None
+
+    def wait(self) -> None:
+        """Block until an async save is written and committed (every rank must call it)."""
+        self._finish_pending()
 
     def _agree_on(self, failure: CheckpointError | None) -> None:
         """Every rank raises if any rank failed (one rank raising alone would hang the others)."""
@@ -470,45 +540,7 @@ class Checkpointer:
             refuse_retry(self.no_retry_file, message)
         raise CheckpointError(message, repeats=repeats)
 
-    def _write_guarded(self, snapshot: dict[str, Any], tmp: Path, final: Path, step: int) -> None:
-        try:
-            self._write(snapshot, tmp, final, step)
-        except CheckpointError as exc:
-            self._writer_error = exc
-        except Exception as exc:  # a bug here must still reach the training loop, not die with the thread
-            self._writer_error = CheckpointError(f"saving step {step} failed: {type(exc).__name__}: {exc}")
-
-    def _write(self, snapshot: dict[str, Any], tmp: Path, final: Path, step: int) -> None:
-        import torch
-
-        try:
-            with open(tmp / STATE_FILE, "wb") as f:
-                writer = _HashingWriter(f)
-                torch.save(snapshot, writer)  # type: ignore[arg-type]  # torch calls only write() and flush()
-            digests = {STATE_FILE: writer.hash.hexdigest()}
-            sizes = _fsync_tree(tmp, digests)
-            if final.exists():  # the same step saved again (a stop right after a periodic save)
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-            marker = final / f".{COMMIT}.tmp"
-            # "files" stays {name: size}: what markers without digests held, so older readers still work
-            marker.write_text(
-                json.dumps({"step": step, "files": sizes, "digest": DIGEST, "digests": digests, "committed_at": time.time()})
-            )
-            with open(marker, "rb") as f:
-                os.fsync(f.fileno())
-            os.replace(marker, final / COMMIT)
-            _fsync_dir(final)
-            _fsync_dir(self.folder)
-        except Exception as exc:  # ENOSPC shows up as OSError or as torch's "file write failed"
-            shutil.rmtree(tmp, ignore_errors=True)
-            if final.exists() and not (final / COMMIT).exists():
-                shutil.rmtree(final, ignore_errors=True)
-            raise self._failure(step, exc, self._needed(snapshot)) from None
-        self._prune()
-        log(f"saved step {step} to {final}")
-
-    def _needed(self, payload: dict[str, Any]) -> int:
+    def _needed(self, tensor_bytes: int) -> int:
         """About how many bytes a checkpoint takes: its tensors, or the last one's files if more
         (a DeepSpeed engine's state is not in the payload)."""
         previous = 0
@@ -517,7 +549,7 @@ class Checkpointer:
                 previous = sum(json.loads((path / COMMIT).read_text())["files"].values())
             except (OSError, ValueError, KeyError, TypeError):
                 pass
-        return max(_tensor_bytes(payload), previous)
+        return max(tensor_bytes, previous)
 
     def _failure(self, step: int, exc: BaseException, needed: int, who: str = "") -> CheckpointError:
         """The error for a failed save; call it after the partial write is removed (its free space counts)."""
@@ -548,30 +580,22 @@ class Checkpointer:
         for path in self.folder.glob("step-*.tmp-*"):
             shutil.rmtree(path, ignore_errors=True)  # left by a writer that died; the new one is committed
 
-    def _finish_writer(self) -> CheckpointError | None:
-        """Wait for rank 0's background write; its error, if it failed."""
-        if self._writer is not None:
-            self._writer.join()
-            self._writer = None
-        error, self._writer_error = self._writer_error, None
-        return error
-
-    def wait(self) -> None:
-        """Block until an async save is written and committed (every rank must call it)."""
-        self._agree_on(self._finish_writer())
-
     # -- the training loop's one call -----------------------------------------------------------------
     def step(self, step: int) -> None:
         """Call after every step: saves when due; when the job must stop, saves, requeues and exits.
 
-        Raises CheckpointError on every rank once rank 0's background write has failed: at the step
+        Commits a background save at the first step after every rank's share is durable; raises
+        CheckpointError on every rank once any rank's background write has failed: at the step
         after, not at the next save many steps later.
         """
         runtime = self.ctx.runtime
-        # one small collective per step answers both questions
-        stop, write_failed = runtime.any_ranks((self.watcher.requested, self._writer_error is not None))
-        if write_failed:
-            self._agree_on(self._finish_writer())
+        share = self._pending
+        # one small collective per step answers all three questions
+        stop, write_failed, writing = runtime.any_ranks(
+            (self.watcher.requested, share is not None and share.error is not None, share is not None and share.running)
+        )
+        if write_failed or (share is not None and not writing):
+            self._finish_pending()
         if not runtime.at_accumulation_boundary:
             return  # never save half an accumulated step
         if stop:

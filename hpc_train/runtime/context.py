@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from hpc_train import contract
+from hpc_train.runtime import resume
 from hpc_train.runtime.base import BackendRuntime, apply_activation_checkpointing
 from hpc_train.runtime.checkpoint import Checkpointer
 from hpc_train.runtime.data import DistributedLoader, batches
@@ -35,6 +36,9 @@ class Context:
         # per-step metrics (hpc_train.runtime.metrics); None when off (HPC_TRAIN_METRICS=0)
         self.metrics = runtime.metrics = recorder_for(backend, runtime, default=metrics)
         self._checkpointers: list[Checkpointer] = []  # closed by shutdown(): their threads end with the job
+        # ctx.loader's loaders, in order: checkpoints record their global batch, a resume keeps it (runtime.resume)
+        self.loaders: list[DistributedLoader] = []
+        self.restored_shape: dict[str, Any] | None = None  # the shape of the checkpoint restore() loaded
         # non-finite losses and gradients skip the step on every rank (hpc_train.runtime.numerics)
         self.numerics = runtime.numerics = NumericsGuard.for_runtime(runtime)
         # progress for the job's watchdog (hang detection); None unless the batch script runs one
@@ -102,6 +106,7 @@ class Context:
         )
         if self.memory is not None:
             loader.split = self.memory.split  # each batch in micro-batches; batch_size stays the step's
+        resume.follow_loader(self, loader)  # made after a restore of another shape: its global batch is kept
         return loader
 
     def batches(self, loader: DistributedLoader, start: int = 0, total: int | None = None) -> Iterator[Any]:

@@ -71,6 +71,16 @@ class DistributedLoader:
             yield item
         self.epoch += 1
 
+    def rebatch(self, batch_size: int) -> None:
+        """Read ``batch_size`` samples per batch from now on (a resume that keeps another shape's global batch)."""
+        from torch.utils.data import DataLoader
+
+        loader = self.loader
+        self.loader = DataLoader(
+            loader.dataset, batch_size=batch_size, sampler=self.sampler, drop_last=loader.drop_last, **self._loader_kwargs
+        )
+        self.balance = Balance.of(len(loader.dataset), self.sampler.num_replicas, batch_size, loader.drop_last)  # type: ignore[arg-type]
+
     def __len__(self) -> int:
         return len(self.loader)
 

@@ -36,6 +36,7 @@ class RuntimeOptions:
     profile: str | None = None  # --profile: hpc_train.runtime.profiling (checked there)
     max_bad_steps: int = 5  # hpc_train.runtime.numerics
     on_divergence: str = "stop"
+    resume_from: str | None = None  # --resume-from: another job's checkpoint folder (hpc_train.runtime.resume)
     backend_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

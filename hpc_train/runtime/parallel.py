@@ -125,6 +125,12 @@ class LayoutRuntime(MeshOnly):
 
         sharded_checkpoint.save(folder, self.unwrap(self.model), self.optimizer, self.scaler)  # type: ignore[attr-defined]
 
+    def start_engine_state(self, folder: str) -> Callable[[], None] | None:
+        import hpc_train.runtime.sharded_checkpoint as sharded_checkpoint
+
+        saver = self.__dict__.setdefault("_async_saver", sharded_checkpoint.AsyncSaver())
+        return saver.start(folder, self.unwrap(self.model), self.optimizer, self.scaler)  # type: ignore[attr-defined, no-any-return]
+
     def load_checkpoint_state(self, state: dict[str, Any] | None, folder: str) -> None:
         import hpc_train.runtime.sharded_checkpoint as sharded_checkpoint
 

@@ -13,6 +13,7 @@ groups would land under the same key and one stage's hyperparameters would overw
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
@@ -57,3 +58,31 @@ def load(folder: str, model: Any, optimizer: Any = None, scaler: Any = None) -> 
     )
     if scaler is not None and "scaler" in state:
         scaler.load_state_dict(state["scaler"])
+
+
+class AsyncSaver:
+    """``save`` in the background: DCP's async_save, which blocks only while it copies the state to CPU.
+
+    Its writer thread runs collectives (plans, the metadata) while training runs its own, so it gets a
+    process group of its own (gloo: DCP's async path needs a CPU backend); the stager is kept across
+    saves (pinned CPU copies of GPU tensors, copied without waiting and synchronized once).
+    """
+
+    def __init__(self) -> None:
+        self.group: Any = None
+        self.stager: Any = None
+
+    def start(self, folder: str, model: Any, optimizer: Any = None, scaler: Any = None) -> Callable[[], None]:
+        """Every rank calls this (a collective); returns what waits until this rank's part is written."""
+        import torch
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        if self.group is None:  # every rank is here: save() is a collective
+            self.group = dist.new_group(backend="gloo")
+            gpu = torch.cuda.is_available()
+            self.stager = DefaultStager(StagingOptions(gpu, False, False, gpu))
+        state = _state(model, optimizer, scaler)
+        future = dcp.async_save(state, checkpoint_id=folder, process_group=self.group, async_stager=self.stager)
+        return lambda: future.result()  # type: ignore[union-attr]  # a Future: the stager stages at once

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from hpc_train import contract
+from hpc_train import contract, resume_shape
 from hpc_train.config import profile_spec
 from hpc_train.config.errors import problems_from_validation
 from hpc_train.config.fields import field_names, flag_of, to_env
@@ -256,6 +256,7 @@ def _checked(
     _check_spares(job, site, res, requeue, kind, problems)
     node_check = _node_check(job, site, requeue, kind, problems)
     layout = _layout(job, res, plugins, problems)
+    _check_resume(job, res, layout, problems)
     _check_profile(job, site, res, kind, problems)
     for message in plugins.validate_job(job, site):
         problems.add("", message, source=f"site policy ({site.name})")
@@ -285,6 +286,7 @@ def _backend(job: JobSpec, site: SiteConfig, plugins: Plugins, problems: _Proble
             f"use it with --backend {able}" if able else None,
         )
     _check_micro_batch(job, backend_cls, plugins, problems)
+    _check_divergence(job, problems)
     return backend_cls(options if options is not None else defaults(backend_cls.Options)), options
 
 
@@ -307,6 +309,18 @@ def _check_micro_batch(job: JobSpec, backend_cls: type[Backend], plugins: Plugin
         )
     if job.parallel:
         problems.add("micro_batch", "--micro-batch does not apply under --parallel (a pipeline has its own micro-batches)")
+
+
+def _check_divergence(job: JobSpec, problems: _Problems) -> None:
+    """--on-divergence acts after --max-bad-steps bad steps in a row; with 0 it never would."""
+    if job.max_bad_steps == 0 and job.on_divergence is not None:
+        problems.add(
+            "on_divergence",
+            f"{job.on_divergence!r} never acts with --max-bad-steps 0 (0: bad steps are skipped, the run never "
+            "stops or rolls back)",
+            f"give --max-bad-steps N (N >= 1: {job.on_divergence} after N bad steps in a row, like 5), "
+            "or drop --on-divergence to skip bad steps for ever",
+        )
 
 
 def _resources(job: JobSpec, site: SiteConfig, problems: _Problems) -> _Resources:
@@ -516,6 +530,31 @@ def _layout(job: JobSpec, res: _Resources, plugins: Plugins, problems: _Problems
     for message, hint in found:
         problems.add("parallel", message, hint)
     return layout
+
+
+def _check_resume(job: JobSpec, res: _Resources, layout: Any, problems: _Problems) -> None:
+    """--resume-from: the newest checkpoint's recorded shape against this job's, so a refusal comes before the queue."""
+    if job.resume_from is None or (job.parallel is not None and layout is None):  # a bad layout is reported already
+        return
+    found = resume_shape.committed(Path(job.resume_from))
+    saved = resume_shape.read_shape(found[0][1]) if found else None
+    if saved is None:  # no shape recorded (an older checkpoint): the job checks what it can
+        return
+    world = job.nodes * res.procs
+    problem = resume_shape.refusal(
+        saved,
+        world=world,
+        dp=layout.dp if layout is not None else world,
+        pp=layout.pp if layout is not None else 1,
+        layout=layout is not None,
+        backend=job.backend,
+    )
+    if problem:
+        problems.add(
+            "resume_from",
+            f"{found[0][1]} (saved by {resume_shape.describe(saved)}) cannot continue in this job "
+            f"({world} processes: {job.nodes} node(s) x {res.procs}): {problem}",
+        )
 
 
 def _check_profile(job: JobSpec, site: SiteConfig, res: _Resources, kind: str, problems: _Problems) -> None:

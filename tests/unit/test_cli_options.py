@@ -119,7 +119,9 @@ def test_every_field_with_a_group_is_a_flag_of_its_name_and_type():
             assert action.type is kind.type, f.name
 
 
-def test_every_env_field_is_a_contract_variable_and_reads_back_as_it_was():
+def test_every_env_field_is_a_contract_variable_and_reads_back_as_it_was(tmp_path):
+    (tmp_path / "step-00000010").mkdir()
+    (tmp_path / "step-00000010" / "COMMIT").write_text("{}")  # --resume-from needs a committed checkpoint
     variables = {v for k, v in vars(contract).items() if k.startswith("ENV_")}
     env_fields = [f for f in dataclasses.fields(JobSpec) if "env" in f.metadata]
     assert {f.metadata["env"] for f in env_fields} <= variables
@@ -139,6 +141,7 @@ def test_every_env_field_is_a_contract_variable_and_reads_back_as_it_was():
         exact_resume=False,
         metrics=True,
         profile="torch:wait=5,warmup=2,active=3,ranks=0,last",
+        resume_from=str(tmp_path),
     )
     exported = to_env(job)
     assert len(exported) == len(env_fields)
@@ -149,6 +152,7 @@ def test_every_env_field_is_a_contract_variable_and_reads_back_as_it_was():
     assert read.activation_checkpointing is True and read.exact_resume is False
     assert read.profile == "torch:wait=5,warmup=2,active=3,ranks=0,last"
     assert (read.max_bad_steps, read.on_divergence) == (3, "rollback")
+    assert read.resume_from == str(tmp_path.resolve())
     assert to_env(JobSpec()) == {}  # None: not exported, the job's own default holds
 
 

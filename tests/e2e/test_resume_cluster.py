@@ -1,0 +1,60 @@
+"""--resume-from on the sandbox: 2 nodes x 2 processes to step S, continued as 2 x 1 and as 1 x 2 (torchrun);
+every later step's loss matches the uninterrupted 2 x 2 run's, with the same samples in the same order."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.e2e
+SCRIPT = REPO / "tests" / "e2e" / "resume_train.py"
+STEPS, STOP = 12, 5  # 4 steps an epoch (64 samples, global batch 16): the resume crosses epochs
+
+
+def hpc(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hpc_train", *args], capture_output=True, text=True, cwd=REPO, timeout=timeout)
+
+
+def run(job_root: Path, nodes: int, procs: int, *extra: str, script_args: tuple[str, ...] = ()) -> str:
+    out = hpc(
+        "submit", "--site", "sandbox", "--job-root", str(job_root), "--backend", "torchrun",
+        "--nodes", str(nodes), "--procs-per-node", str(procs), "--wait", *extra,
+        str(SCRIPT), "--", "--steps", str(STEPS), "--batch-size", "4", *script_args,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout.split()[2]
+
+
+def steps(job_root: Path, job_id: str) -> dict[int, dict]:
+    rows = [json.loads(line) for line in (job_root / job_id / "resume_steps.jsonl").read_text().splitlines()]
+    return {row["step"]: row for row in rows}
+
+
+def test_a_2x2_run_resumed_as_2x1_and_1x2_matches_the_uninterrupted_run(slurm_cluster, sandbox_job_root):
+    straight = steps(sandbox_job_root, run(sandbox_job_root, 2, 2))
+    first = run(sandbox_job_root, 2, 2, script_args=("--stop-at", str(STOP)))
+    assert sorted(steps(sandbox_job_root, first)) == list(range(1, STOP + 1))
+    for nodes, procs in ((2, 1), (1, 2)):
+        resumed = steps(sandbox_job_root, run(sandbox_job_root, nodes, procs, "--resume-from", first))
+        assert sorted(resumed) == list(range(STOP + 1, STEPS + 1)), (nodes, procs)
+        for step, row in resumed.items():
+            assert (row["world_size"], row["per_rank_batch"]) == (2, 8)  # the global batch of 16 kept
+            assert row["samples"] == straight[step]["samples"], (nodes, procs, step)
+            assert abs(row["loss"] - straight[step]["loss"]) <= 1e-5 * abs(straight[step]["loss"]) + 1e-7, (step, row)
+    assert sorted(p.name for p in (sandbox_job_root / first / "checkpoints").iterdir()) == [f"step-{STOP:08d}"]
+
+
+def test_a_shape_the_checkpoint_cannot_continue_in_is_refused_before_submission(slurm_cluster, sandbox_job_root):
+    first = run(sandbox_job_root, 2, 2, script_args=("--stop-at", str(STOP)))
+    out = hpc(
+        "submit", "--site", "sandbox", "--job-root", str(sandbox_job_root), "--nodes", "1", "--procs-per-node", "3",
+        "--resume-from", first, str(SCRIPT),
+    )  # fmt: skip
+    assert out.returncode == 78, out.stdout + out.stderr
+    assert "--resume-from" in out.stderr and "does not divide among 3 data-parallel ranks" in out.stderr
