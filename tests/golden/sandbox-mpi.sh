@@ -65,7 +65,10 @@ if [ "${HPC_TRAIN_RUN}" -gt $(( HPC_TRAIN_MAX_RESTARTS + 1 )) ]; then
     echo "hpc_train: restart budget exhausted: ${HPC_TRAIN_MAX_RESTARTS} restarts used; not starting run ${HPC_TRAIN_RUN}" >&2
     exit 1
 fi
-trap 'touch "${HPC_TRAIN_STOP_FILE}"' USR2 TERM
+trap 'touch "${HPC_TRAIN_STOP_FILE}"' USR2
+# TERM is also how Slurm ends a run it requeues: noted, so a requeued run leaves at once (below)
+hpc_train_termed=0
+trap 'touch "${HPC_TRAIN_STOP_FILE}"; hpc_train_termed=1' TERM
 
 cd /home/alice/project
 
@@ -110,8 +113,15 @@ fi
 # how this run ended, for the login side: a job that looks finished after a requeued run is not
 if [ -e "${HPC_TRAIN_REQUEUED_FILE}" ]; then
     echo "${HPC_TRAIN_RUN} ${status} requeued" > "${HPC_TRAIN_JOB_FOLDER}/last_run" || true
-    # Slurm ends this run itself (JOB REQUEUE); exiting first could finish the job instead
-    sleep 300 & wait $! || true
+    # Slurm ends this run itself (JOB REQUEUE): exiting before its TERM could finish the job instead. Once
+    # the TERM has come (often before this line), leave at once: waiting for KillWait's SIGKILL costs every
+    # requeue that long (30 s by default). Nor may "ended" follow: a poll would believe the job done.
+    hpc_train_until=$(( SECONDS + 300 ))
+    while [ "${hpc_train_termed:-0}" = 0 ] && [ "${SECONDS}" -lt "${hpc_train_until}" ]; do
+        sleep 1 & hpc_train_sleep=$!
+        wait "${hpc_train_sleep}" || kill "${hpc_train_sleep}" 2>/dev/null || true
+    done
+    [ "${hpc_train_termed:-0}" = 1 ] && exit "${status}"
 fi
 echo "${HPC_TRAIN_RUN} ${status} ended" > "${HPC_TRAIN_JOB_FOLDER}/last_run" || true  # a full disk must not change the status
 exit "${status}"
