@@ -45,3 +45,19 @@ def lingering_after_the_scripts_atexit(imports: str) -> float:
 def test_a_process_that_used_torch_distributed_lets_its_threads_finish_before_it_exits():
     assert lingering_after_the_scripts_atexit("import torch.distributed") >= 0.2
     assert lingering_after_the_scripts_atexit("import json") < 0.2  # nothing to wait for: no delay
+
+
+RECORDER = "import os; print(os.environ.get('TORCH_NCCL_TRACE_BUFFER_SIZE'), os.environ.get('TORCH_FR_BUFFER_SIZE'))"
+
+
+def test_a_torch_that_knows_the_flight_recorders_new_name_is_given_only_that_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "2000")
+    assert python(RECORDER, FOLDER).stdout.split() == ["None", "2000"]  # this venv's torch 2.13: no warning
+    old_torch = tmp_path / "torch"
+    old_torch.mkdir()
+    (old_torch / "__init__.py").write_text("")
+    (old_torch / "version.py").write_text("__version__ = '2.5.1+cpu'\n")
+    assert python(RECORDER, f"{FOLDER}:{tmp_path}").stdout.split() == ["2000", "2000"]  # an older torch reads the old
+    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "500")  # the user's own value: left as it is
+    assert python(RECORDER, FOLDER).stdout.split() == ["500", "2000"]

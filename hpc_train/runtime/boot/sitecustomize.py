@@ -85,6 +85,35 @@ def _watch_plain_scripts(contract: types.ModuleType) -> None:
     hpc_train_watch.install()
 
 
+# torch.distributed's flight recorder under both the names torch has used (submission/plan.py sets both,
+# not knowing the job's torch); a torch that knows the new one warns about the old in every rank's log
+OLD_RECORDER, NEW_RECORDER = "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE"
+WARNS_OF_OLD = (2, 13)  # the oldest torch seen to read the new name and warn of the old (it may be older)
+
+
+def _torch_version() -> tuple[int, int] | None:
+    """The installed torch's (major, minor), read from its version.py: importing torch here costs a second."""
+    import importlib.util
+    import re
+
+    try:
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.origin is None:
+            return None
+        with open(os.path.join(os.path.dirname(spec.origin), "version.py")) as f:
+            found = re.search(r"__version__\s*=\s*['\"](\d+)\.(\d+)", f.read())
+    except (OSError, ValueError, ImportError):
+        return None
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def _one_recorder_name() -> None:
+    old = os.environ.get(OLD_RECORDER)
+    if old and old == os.environ.get(NEW_RECORDER) and (_torch_version() or (0, 0)) >= WARNS_OF_OLD:
+        del os.environ[OLD_RECORDER]
+
+
+_one_recorder_name()
 _CONTRACT = _contract()
 if _CONTRACT is not None:
     _profile_with_nsys(_CONTRACT)
