@@ -8,10 +8,15 @@ Imported by both sides: it imports nothing.
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 RUNS = "runs"  # the run counter: the batch script adds one at the start of every run
 LAST_RUN = "last_run"  # "RUN STATUS requeued|ended", written by the batch script as each run ends
 CHECKPOINTS = "checkpoints"  # HPC_TRAIN_CHECKPOINT_DIR: step-N/ folders with a COMMIT marker
+COMMIT = "COMMIT"  # in a step-N/ folder: written last, so the checkpoint is complete
 STOP_REQUESTED = "stop_requested"  # HPC_TRAIN_STOP_FILE: the batch shell got the scheduler's warning
 REQUEUE_REQUESTED = "requeue_requested"  # HPC_TRAIN_REQUEUED_FILE: rank 0 requeued; Slurm ends the run
 NO_RETRY = "no_retry"  # HPC_TRAIN_NO_RETRY_FILE: why --on-failure requeue must not retry this run
@@ -118,3 +123,17 @@ FILES = SimpleNamespace(
         if name.isupper() and isinstance(value, str) and not name.startswith("ENV_")
     }
 )
+
+
+def committed(folder: Path) -> list[tuple[int, Path]]:
+    """The committed ``step-N`` checkpoints in ``folder``, newest first: the one rule the runtime's restore, the
+    batch script's health check, ``--resume-from`` and ``report`` follow (no torch: the login side asks too)."""
+    found = []
+    if folder.is_dir():
+        for path in folder.iterdir():
+            if path.name.startswith("step-") and "." not in path.name and (path / COMMIT).is_file():
+                try:
+                    found.append((int(path.name[5:]), path))
+                except ValueError:
+                    continue
+    return sorted(found, reverse=True)

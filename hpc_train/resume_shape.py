@@ -14,23 +14,9 @@ from pathlib import Path
 from typing import Any
 
 SHAPE = "shape.json"
-COMMIT = "COMMIT"  # the marker hpc_train.runtime.checkpoint writes last
 #: how the state is stored: replicated (one full state, whichever ranks wrote its pieces), DCP shards of a
 #: layout, or a framework engine's own files
 REPLICATED, SHARDED, ENGINE = "replicated", "sharded", "engine"
-
-
-def committed(folder: Path) -> list[tuple[int, Path]]:
-    """The committed ``step-N`` checkpoints in ``folder``, newest first (the rule of runtime.checkpoint)."""
-    found = []
-    if folder.is_dir():
-        for path in folder.iterdir():
-            if path.name.startswith("step-") and "." not in path.name and (path / COMMIT).is_file():
-                try:
-                    found.append((int(path.name[5:]), path))
-                except ValueError:
-                    continue
-    return sorted(found, reverse=True)
 
 
 def read_shape(checkpoint: Path) -> dict[str, Any] | None:

@@ -228,11 +228,7 @@ def _read_counters(files: Files) -> None:
 
 def _committed_steps(folder: Path) -> set[int]:
     try:
-        return {
-            int(p.name[5:])
-            for p in folder.iterdir()
-            if p.name.startswith("step-") and p.name[5:].isdigit() and (p / "COMMIT").is_file()
-        }
+        return {step for step, _ in contract.committed(folder)}
     except OSError:
         return set()
 

@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 
 from hpc_train import contract
+from hpc_train.contract import COMMIT, committed
 from hpc_train.jobs.handle import state_dir
-from hpc_train.resume_shape import COMMIT, committed
 
 JOB_ID_CHARS = set("0123456789_")
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpc_train import contract
+from hpc_train.contract import COMMIT, committed
 from hpc_train.runtime import resume, shard_save
 from hpc_train.runtime.no_retry import refuse_retry
 from hpc_train.runtime.preemption import StopWatcher, log, requeue
@@ -37,26 +38,12 @@ if TYPE_CHECKING:
 
 STATE_FILE = "hpc_train.pt"
 ENGINE_DIR = "engine"
-COMMIT = "COMMIT"
 EXIT_STOPPED = 3  # stopped for a time limit or preemption without a requeue: resubmit to continue
 # Measured with bench/checkpoint.py (x86-64 with SHA-NI): sha256 1.2-1.75 GB/s, blake2b 0.8-1.1 GB/s.
 # CPUs without SHA extensions reverse that; sha256 is also what `sha256sum` checks by hand.
 DIGEST = "sha256"
 _CHUNK = 8 << 20
 _TORCH_WRITE_FAILED = ("unexpected pos", "file write failed", "failed writing")  # torch's own writer's words
-
-
-def committed(folder: Path) -> list[tuple[int, Path]]:
-    """The committed checkpoints in ``folder``, newest first (torch-free: the batch script asks too)."""
-    found = []
-    if folder.is_dir():
-        for path in folder.iterdir():
-            if path.name.startswith("step-") and "." not in path.name and (path / COMMIT).is_file():
-                try:
-                    found.append((int(path.name[5:]), path))
-                except ValueError:
-                    continue
-    return sorted(found, reverse=True)
 
 
 class CheckpointError(RuntimeError):

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpc_train import contract
-from hpc_train.resume_shape import ENGINE, REPLICATED, SHAPE, SHARDED, committed, describe, loader_refusal, read_shape, refusal
+from hpc_train.contract import committed
+from hpc_train.resume_shape import ENGINE, REPLICATED, SHAPE, SHARDED, describe, loader_refusal, read_shape, refusal
 from hpc_train.runtime.no_retry import refuse_retry
 from hpc_train.runtime.preemption import log
 

@@ -536,7 +536,7 @@ def _check_resume(job: JobSpec, res: _Resources, layout: Any, problems: _Problem
     """--resume-from: the newest checkpoint's recorded shape against this job's, so a refusal comes before the queue."""
     if job.resume_from is None or (job.parallel is not None and layout is None):  # a bad layout is reported already
         return
-    found = resume_shape.committed(Path(job.resume_from))
+    found = contract.committed(Path(job.resume_from))
     saved = resume_shape.read_shape(found[0][1]) if found else None
     if saved is None:  # no shape recorded (an older checkpoint): the job checks what it can
         return

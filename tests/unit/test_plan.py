@@ -140,7 +140,9 @@ def test_requeue_policy_from_site_and_job(plugins):
     text = render(p, ())
     assert "export HPC_TRAIN_RUN HPC_TRAIN_MAX_RESTARTS=2" in text
     assert "export HPC_TRAIN_DEADLINE=$(( $(date +%s) + 540 ))" in text  # 10 min - 60 s grace
-    assert """trap 'touch "${HPC_TRAIN_STOP_FILE}"' USR2 TERM""" in text
+    assert """trap 'touch "${HPC_TRAIN_STOP_FILE}"' USR2\n""" in text
+    # TERM too, noted: a requeued run leaves at once when Slurm's TERM has come, not at its SIGKILL
+    assert """trap 'touch "${HPC_TRAIN_STOP_FILE}"; hpc_train_termed=1' TERM""" in text
     assert 'wait "${hpc_train_step}"' in text
     off = plan(plugins, site="sandbox", requeue=False)
     assert "requeue" not in dict(off.directives) and "HPC_TRAIN_STOP_FILE" not in render(off, ())

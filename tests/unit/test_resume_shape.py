@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from hpc_train.resume_shape import committed, epoch_samples, read_shape, refusal
+from hpc_train.contract import committed
+from hpc_train.resume_shape import epoch_samples, read_shape, refusal
 
 
 def shape(**changes):
