@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpc_train import contract
 from hpc_train.contract import COMMIT, committed
+from hpc_train.resume_shape import SHAPE
 from hpc_train.runtime import resume, shard_save
 from hpc_train.runtime.no_retry import refuse_retry
 from hpc_train.runtime.preemption import StopWatcher, log, requeue
@@ -108,6 +109,17 @@ def _engine_files(tmp: Path, digests: dict[str, str]) -> dict[str, int]:
     sizes = _fsync_tree(engine, found)
     digests.update({f"{ENGINE_DIR}/{name}": digest for name, digest in found.items()})
     return {f"{ENGINE_DIR}/{name}": size for name, size in sizes.items()}
+
+
+def _small_files(tmp: Path, sizes: dict[str, int], digests: dict[str, str]) -> None:
+    """Rank 0's plain files written before the shares (shape.json: what --resume-from reads): fsynced and
+    listed in COMMIT with their digests, so a damaged one is found like any other file."""
+    path = tmp / SHAPE
+    if path.is_file():
+        with open(path, "rb") as f:
+            digests[SHAPE] = _digest(f)
+            os.fsync(f.fileno())
+        sizes[SHAPE] = path.stat().st_size
 
 
 def _check_file(path: Path, name: str, size: int, digest: str | None, algorithm: str) -> str | None:
@@ -487,6 +499,7 @@ class Checkpointer:
         try:
             if len({structure for _, _, structure in reports}) > 1:
                 raise RuntimeError("the ranks' states differ in shapes or dtypes: they are not replicas of one state")
+            _small_files(tmp, sizes, digests)
             _fsync_dir(tmp)
             if final.exists():  # the same step saved again (a stop right after a periodic save)
                 shutil.rmtree(final)

@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+from hpc_train.resume_shape import SHAPE
 from hpc_train.runtime import shard_save
 from hpc_train.runtime.checkpoint import COMMIT, STATE_FILE
 from tests.e2e.test_requeue_cluster import assert_identical, final_params, log_text, progress, state, submit, wait_for
@@ -46,4 +47,4 @@ def test_async_shards_from_two_nodes_resume_bit_for_bit(slurm_cluster, sandbox_j
     newest = sandbox_job_root / job / "checkpoints" / f"step-{STEPS:08d}"
     files = json.loads((newest / COMMIT).read_text())["files"]
     # one share from each node's rank, committed once both were durable
-    assert set(files) == {STATE_FILE, shard_save.shard_name(0), shard_save.shard_name(1)}
+    assert set(files) == {STATE_FILE, SHAPE, shard_save.shard_name(0), shard_save.shard_name(1)}

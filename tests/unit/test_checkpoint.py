@@ -242,7 +242,9 @@ def test_commit_records_a_digest_of_every_file(tmp_path):
     _, _, ckpt, _ = save_two(tmp_path)
     path = tmp_path / "step-00000020"
     commit = json.loads((path / COMMIT).read_text())
-    assert commit["digest"] == "sha256" and set(commit["digests"]) == set(commit["files"]) == {STATE_FILE}
+    # shape.json too: --resume-from trusts it to refuse a shape before the job is submitted
+    assert commit["digest"] == "sha256" and set(commit["digests"]) == set(commit["files"]) == {STATE_FILE, "shape.json"}
+    assert commit["digests"]["shape.json"] == hashlib.sha256((path / "shape.json").read_bytes()).hexdigest()
     assert commit["digests"][STATE_FILE] == hashlib.sha256((path / STATE_FILE).read_bytes()).hexdigest()
     assert commit["files"][STATE_FILE] == (path / STATE_FILE).stat().st_size  # what older readers check
     assert ckpt.verify(path) is None

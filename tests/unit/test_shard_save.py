@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from hpc_train import contract
+from hpc_train.resume_shape import SHAPE
 from hpc_train.runtime import shard_save
 from hpc_train.runtime.checkpoint import COMMIT, STATE_FILE
 from tests.conftest import REPO
@@ -148,7 +149,7 @@ def test_every_rank_writes_its_share_and_any_world_size_restores_it(tmp_path, ba
     ranks = run(tmp_path, {"mode": "train", "steps": 4, "every": 4}, backend)
     path = tmp_path / "ckpt" / "step-00000004"
     files = committed_files(path)
-    assert set(files) == {STATE_FILE, "shard-00000.pt", "shard-00001.pt"}
+    assert set(files) == {STATE_FILE, SHAPE, "shard-00000.pt", "shard-00001.pt"}
     assert files[STATE_FILE] < min(files["shard-00000.pt"], files["shard-00001.pt"])  # the tensors are in the shards
     assert abs(files["shard-00000.pt"] - files["shard-00001.pt"]) < 0.5 * files["shard-00000.pt"]
     two = run(tmp_path, {"mode": "restore"}, backend)
@@ -169,7 +170,7 @@ def test_an_async_sharded_save_writes_the_state_of_its_step(tmp_path):
 
 def test_rank_0_alone_still_writes_and_restores_the_old_way(tmp_path):
     saved = run(tmp_path, {"mode": "train", "steps": 2, "every": 2, "writers": 1})
-    assert set(committed_files(tmp_path / "ckpt" / "step-00000002")) == {STATE_FILE}
+    assert set(committed_files(tmp_path / "ckpt" / "step-00000002")) == {STATE_FILE, SHAPE}
     restored = run(tmp_path, {"mode": "restore"})
     assert all(r["step"] == 2 and r["restored"] == saved[0]["saved"] for r in restored)
 
