@@ -68,14 +68,6 @@ def _digest(file: Any, algorithm: str = DIGEST) -> str:
     return h.hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _fsync_tree(path: Path, digests: dict[str, str]) -> dict[str, int]:
     """fsync everything under ``path``; each file's size, and its digest added to ``digests``.
 
@@ -93,8 +85,8 @@ def _fsync_tree(path: Path, digests: dict[str, str]) -> dict[str, int]:
             os.fsync(f.fileno())
         sizes[name] = file.stat().st_size
     for folder in sorted((p for p in path.rglob("*") if p.is_dir()), reverse=True):
-        _fsync_dir(folder)
-    _fsync_dir(path)
+        shard_save.fsync_dir(folder)
+    shard_save.fsync_dir(path)
     return sizes
 
 
@@ -500,7 +492,7 @@ class Checkpointer:
             if len({structure for _, _, structure in reports}) > 1:
                 raise RuntimeError("the ranks' states differ in shapes or dtypes: they are not replicas of one state")
             _small_files(tmp, sizes, digests)
-            _fsync_dir(tmp)
+            shard_save.fsync_dir(tmp)
             if final.exists():  # the same step saved again (a stop right after a periodic save)
                 shutil.rmtree(final)
             os.replace(tmp, final)
@@ -512,8 +504,8 @@ class Checkpointer:
             with open(marker, "rb") as f:
                 os.fsync(f.fileno())
             os.replace(marker, final / COMMIT)
-            _fsync_dir(final)
-            _fsync_dir(self.folder)
+            shard_save.fsync_dir(final)
+            shard_save.fsync_dir(self.folder)
         except Exception as exc:  # ENOSPC on the marker, a rename refused
             shutil.rmtree(tmp, ignore_errors=True)
             if final.exists() and not (final / COMMIT).exists():
