@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,10 @@ def write(path: Path, text: str) -> Path:
 def python_env() -> dict[str, str]:
     """The environment for running `python -m hpc_train` in a subprocess."""
     return dict(os.environ)
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now: for the rendezvous of ranks a test spawns itself."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

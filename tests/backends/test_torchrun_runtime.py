@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
+
+from tests.conftest import free_port
 
 WORLD = 2
 
@@ -57,16 +58,10 @@ def _worker(rank: int, port: int, folder: str) -> None:
     torch.distributed.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_ddp_and_the_default_runtime_keep_the_ranks_identical_and_agree(tmp_path):
     import hpc_train.runtime  # noqa: F401  (fork: the workers inherit the imports)
 
-    mp.start_processes(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True, start_method="fork")
+    mp.start_processes(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True, start_method="fork")
     ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(WORLD)]
     for name in ("torchrun", "all-reduce"):
         assert ranks[0][name] == ranks[1][name], name  # one model, whatever each rank built and read

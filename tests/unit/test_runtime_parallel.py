@@ -7,7 +7,6 @@ One spawn (start-up dominates) runs everything: the mesh from HPC_TRAIN_PARALLEL
 from __future__ import annotations
 
 import os
-import socket
 from types import SimpleNamespace
 
 import pytest
@@ -15,6 +14,7 @@ import torch
 import torch.multiprocessing as mp
 
 from hpc_train.runtime.parallel import stage_bounds, with_layout
+from tests.conftest import free_port
 
 WORLD = 4
 
@@ -121,12 +121,6 @@ def _worker(rank: int, port: int, folder: str) -> None:
     ctx.shutdown()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_mesh_tensor_parallel_pipeline_and_sharded_checkpoint_match_one_process(tmp_path):
     # fork: the workers inherit this process's imports (spawning 4 fresh interpreters that each import
     # torch and its distributed packages costs ~25 CPU-seconds); each worker sets one thread first
@@ -136,7 +130,7 @@ def test_mesh_tensor_parallel_pipeline_and_sharded_checkpoint_match_one_process(
 
     import hpc_train.runtime  # noqa: F401
 
-    mp.start_processes(_worker, args=(_free_port(), str(tmp_path / "ckpt")), nprocs=WORLD, join=True, start_method="fork")
+    mp.start_processes(_worker, args=(free_port(), str(tmp_path / "ckpt")), nprocs=WORLD, join=True, start_method="fork")
 
 
 def test_stage_bounds_split_evenly():

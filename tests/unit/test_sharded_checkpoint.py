@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 import torch
 import torch.multiprocessing as mp
 
 from hpc_train.runtime.checkpoint import COMMIT
+from tests.conftest import free_port
 
 WORLD = 2
 
@@ -65,18 +65,12 @@ def _worker(rank: int, port: int, folder: str) -> None:
     ctx.shutdown()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_an_async_dcp_save_writes_the_state_of_its_step_and_restores(tmp_path):
     import torch.distributed.checkpoint
     import torch.distributed.tensor.parallel  # noqa: F401
 
     import hpc_train.runtime  # noqa: F401
 
-    mp.start_processes(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True, start_method="fork")
+    mp.start_processes(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True, start_method="fork")
     files = json.loads((tmp_path / "ckpt" / "step-00000003" / COMMIT).read_text())["files"]
     assert "engine/.metadata" in files and sum(name.endswith(".distcp") for name in files) == WORLD
