@@ -50,9 +50,13 @@ class TorchrunRuntime(BackendRuntime):
 
     def set_gradient_sync(self, sync: bool) -> None:
         """Whether DDP all-reduces in the next backward (off for accumulation micro-steps)."""
-        # the model is DDP's only with more than one process and without a --parallel layout
-        if hasattr(self.model, "require_backward_grad_sync"):
-            self.model.require_backward_grad_sync = sync
+        # the model is DDP's only with more than one process and without a --parallel layout; read from
+        # its __dict__ and set only on a change: a module's attribute lookup and __setattr__ are slow Python,
+        # and this runs at every step
+        model = self.model
+        current = vars(model).get("require_backward_grad_sync") if hasattr(model, "__dict__") else None
+        if current is not None and current != sync:
+            model.require_backward_grad_sync = sync
 
     def synchronize_gradients(self) -> None:
         """Average here what DDP did not in backward: under --micro-batch every backward runs without

@@ -196,23 +196,42 @@ class BackendRuntime:
             import torch
 
             return torch.nn.utils.clip_grad_norm_(self.parameters(), self.options.grad_clip)
-        return self.gradient_norm() if self.numerics is not None else None
+        if self.numerics is None:
+            return None
+        return self.gradient_norm() if self.metrics is not None else self.gradients_probe()
 
     def gradient_norm(self) -> Any:
         """The 2-norm of this rank's (averaged) gradients: one norm per tensor in one fused call, then one of
         those (a tensor; a float for a few CPU tensors)."""
         import torch
 
-        grads = [p.grad for p in self._parameter_list() if p.grad is not None]
+        grads = self._gradients()
         if not grads:
             return None
-        if self.parallel is not None:
-            # a tensor-parallel shard's own part (as hpc_train.runtime.parallel._local): ranks then disagree, see gradients_agree
-            grads = [getattr(g, "_local_tensor", g) for g in grads]
         norms = torch._foreach_norm(grads)
         if len(norms) <= FEW_TENSORS and grads[0].is_cpu:  # reading a few CPU numbers costs less than two more ops
             return math.hypot(*map(float, norms))  # inf if any is, else NaN if any is: non-finite either way
         return torch.linalg.vector_norm(torch.stack(norms))  # on a GPU: no read here, the check's is the one sync
+
+    def gradients_probe(self) -> Any:
+        """A number finite exactly when every gradient is, for the numerics check when no metrics want the
+        norm: on the CPU, for a few fp32/fp64 gradients, the sum of their sums (inf and NaN carry through a
+        sum, and a sum is the reduction the loop itself runs, where a norm's kernels are cold code that costs
+        a small step several times its microbenchmark: bench/numerics.py); else the norm."""
+        grads = self._gradients()
+        if not grads:
+            return None
+        first = grads[0]
+        if len(grads) > FEW_TENSORS or not first.is_cpu or first.element_size() < 4:
+            return self.gradient_norm()
+        return sum([float(g.sum()) for g in grads])  # summed as Python floats (doubles): fp32 sums cannot overflow
+
+    def _gradients(self) -> list[Any]:
+        grads = [p.grad for p in self._parameter_list() if p.grad is not None]
+        if self.parallel is not None:
+            # a tensor-parallel shard's own part (as hpc_train.runtime.parallel._local): ranks then disagree, see gradients_agree
+            grads = [getattr(g, "_local_tensor", g) for g in grads]
+        return grads
 
     def gradients_agree(self) -> bool:
         """Whether every rank holds the same averaged gradients at the step, so a non-finite norm is seen

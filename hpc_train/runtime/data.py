@@ -58,16 +58,21 @@ class DistributedLoader:
         # a per-epoch generator keeps the training RNG stream identical whether or not we resumed.
         generator = torch.Generator().manual_seed(self._seed * 1_000_003 + self.epoch)
         counts, epoch = self.samples_per_epoch, self.epoch
-        counts.setdefault(epoch, 0)
-        for item in DataLoader(
-            self.loader.dataset,
-            batch_size=self.loader.batch_size,
-            sampler=indices,
-            drop_last=self.loader.drop_last,
-            generator=generator,
-            **self._loader_kwargs,
+        before, size, available = counts.setdefault(epoch, 0), self.loader.batch_size or 1, len(indices)
+        for n, item in enumerate(
+            DataLoader(
+                self.loader.dataset,
+                batch_size=self.loader.batch_size,
+                sampler=indices,
+                drop_last=self.loader.drop_last,
+                generator=generator,
+                **self._loader_kwargs,
+            ),
+            1,
         ):
-            counts[epoch] += _batch_len(item)
+            # samples, counted from the batches read (only an epoch's last batch can be short): cheaper
+            # per step than measuring each batch, and a collate_fn that reshapes cannot miscount it
+            counts[epoch] = before + min(n * size, available)
             yield item
         self.epoch += 1
 
@@ -192,14 +197,3 @@ def _ranges(ranks: tuple[int, ...]) -> str:
 
 def _log(message: str) -> None:
     print(f"hpc_train data: {message}", file=sys.stderr, flush=True)
-
-
-def _batch_len(batch: Any) -> int:
-    """The leading dimension of the batch's first tensor (one level into lists and dicts); 0 if none."""
-    value = batch
-    if isinstance(value, (list, tuple)):
-        value = next((v for v in value if hasattr(v, "shape")), None)
-    elif isinstance(value, dict):
-        value = next((v for v in value.values() if hasattr(v, "shape")), None)
-    shape = getattr(value, "shape", None)
-    return int(shape[0]) if shape is not None and len(shape) > 0 else 0

@@ -11,7 +11,8 @@ How every rank learns of one rank's bad loss without a collective of its own: ``
 the loss by a seed of 1 (a finite loss: the same gradients, bit for bit) or NaN (a non-finite one), so a
 bad loss makes that rank's gradients NaN; the backend's gradient averaging, the collective every step
 already has, carries the NaN to every rank, and every rank reads a non-finite norm from its averaged
-gradients and decides the same. Where ranks hold different parameters (a ``--parallel`` layout with tp
+gradients and decides the same. (On the CPU, where reading a number costs no device sync, the loss is read
+instead and only a bad one is seeded.) Where ranks hold different parameters (a ``--parallel`` layout with tp
 or pp) the runtime adds one small all-reduce of the flag. Only a bad step costs more: one gather, to
 name the ranks whose loss was not finite.
 
@@ -82,10 +83,11 @@ class NumericsGuard:
     events: list[dict[str, Any]] = field(default_factory=list)  # what was recorded (tests, ctx users)
     _steps: int = 0  # optimizer steps when metrics are off
     _start: int = 0
-    _seeds: list[Any] = field(default_factory=list)  # this step's loss seeds (1 or NaN), one per backward
+    _seeds: list[Any] = field(default_factory=list)  # this step's loss seeds (1 or NaN), one per seeded backward
     _key: Any = None  # the (device, dtype) of the last loss, and the constants made for it
     _one: Any = None
     _zero: Any = None
+    _host: bool = False  # the loss is on the CPU: read, not seeded (on_backward)
     _agree: tuple[Any, bool] | None = None  # (runtime, runtime.gradients_agree()): fixed once it is set up
     _outcome: BadStep | None = None
     _scale_skipped: bool = False
@@ -115,8 +117,12 @@ class NumericsGuard:
         if key != self._key:  # the constants once per device and dtype, not per step
             import torch
 
-            self._key = key
+            self._key, self._host = key, key[0].type == "cpu"
             self._one, self._zero = torch.ones((), device=key[0], dtype=key[1]), torch.zeros((), device=key[0], dtype=key[1])
+        # On the CPU reading the loss costs no sync and less than the seed's two ops and its backward node,
+        # so only a bad loss is seeded there.
+        if self._host and value.numel() == 1 and math.isfinite(value.item()):
+            return loss
         # One fused op, no host sync: 1 + loss * 0 is exactly 1 for a finite loss and NaN for inf or NaN
         # (isfinite then where would be two ops and a temporary, every step).
         seed = self._one.addcmul(value, self._zero)

@@ -252,6 +252,21 @@ def test_a_non_finite_gradient_with_a_finite_loss_is_skipped_too():
     assert all(p.grad is None for p in model.parameters())  # dropped, not carried into the next step
 
 
+@pytest.mark.parametrize(
+    "weight, bias",
+    [(math.inf, 0.0), (math.inf, -math.inf), (0.0, math.nan), (3e38, 3e38)],
+    ids=["inf", "inf-and-minus-inf-sum-to-nan", "nan", "finite-values-past-fp32-range-together"],
+)
+def test_without_clipping_or_metrics_the_cheaper_probe_finds_every_non_finite_gradient(weight, bias):
+    ctx = make_ctx()  # no --grad-clip, metrics off: the check reads the sum of sums, not the norm
+    model, _ = model_and_optimizer(ctx)
+    ctx.backward(model(torch.randn(8, 4)).mean())
+    model.weight.grad[0, 0], model.bias.grad[0] = weight, bias
+    finite = all(math.isfinite(v) for v in (weight, bias))  # 3e38 twice: summed as doubles, no false alarm
+    assert ctx.step()
+    assert [e["reason"] for e in ctx.numerics.events] == ([] if finite else ["gradient"])
+
+
 def test_fp16_scaler_overflows_stay_the_scalers_own_and_are_counted_apart():
     ctx = make_ctx(precision="fp16", max_bad_steps=1)
     model, _ = model_and_optimizer(ctx)
