@@ -443,11 +443,14 @@ class Checkpointer:
         structure = ""
         needed = _tensor_bytes(payload)  # every rank holds the whole replicated state: the whole size
         if state is not None and writers > 1:
-            mine, owners, structure = shard_save.split(state, self.ctx.rank, writers)
-            if mine:
-                files[shard_save.shard_name(self.ctx.rank)] = mine
-            names = [shard_save.shard_name(r) for r in sorted(set(owners))]
+            # in the background the snapshot below copies every tensor: no copy of its own first
+            found = shard_save.split(state, self.ctx.rank, writers, own=not background)
+            if found.mine:
+                files[shard_save.shard_name(self.ctx.rank)] = found.mine
+            structure, names = found.fingerprint, [shard_save.shard_name(r) for r in found.writers]
             payload = {**payload, "runtime": shard_save.skeleton(state), shard_save.SHARDS: names}
+            if found.pieces:
+                payload[shard_save.PIECES] = found.pieces
         if self.ctx.is_main:
             files = {STATE_FILE: payload, **files}
         if background:  # training goes on changing the live tensors

@@ -2,9 +2,11 @@
 
 DDP, Horovod and MPI replicas hold the same model and optimizer state, so no rank needs to write all
 of it: the tensors are split into shares of about equal bytes (the same split on every rank, from the
-same shapes) and rank ``r`` writes ``shard-r.pt``. Rank 0 also writes ``hpc_train.pt`` with the rest
-(step, RNG, tracked objects) and the state's structure, each tensor replaced by a placeholder naming
-its index. Restore reads every shard back into that structure, so any world size can load it.
+same shapes) and rank ``r`` writes ``shard-r.pt``. A tensor larger than one rank's share (an embedding
+table) is cut into pieces of its flat elements, so no rank writes much more than the others. Rank 0
+also writes ``hpc_train.pt`` with the rest (step, RNG, tracked objects) and the state's structure, each
+tensor replaced by a placeholder naming its index, and the shape of each cut tensor. Restore reads
+every shard back into that structure, so any world size can load it.
 
 A :class:`Share` is what one rank writes of one checkpoint. Its files are fsynced and digested as they
 are written (no read-back); the Checkpointer (checkpoint.py) commits only after every rank's share is
@@ -23,6 +25,7 @@ from typing import Any
 
 PLACEHOLDER = "__hpc_train_shard__"
 SHARDS = "shards"  # the key in hpc_train.pt that lists the shard files
+PIECES = "pieces"  # ... and the one that gives each cut tensor's shape and number of pieces
 
 
 def shard_name(rank: int) -> str:
@@ -89,12 +92,55 @@ def fill(obj: Any, found: dict[int, Any]) -> Any:
     return obj
 
 
-def split(state: Any, rank: int, ranks: int) -> tuple[dict[int, Any], list[int], str]:
-    """This rank's tensors of ``state`` by index, every tensor's owner, and the structure's fingerprint."""
+@dataclass(frozen=True)
+class Split:
+    """One rank's part of a state's split: what it writes, which ranks write anything, and how to read it back."""
+
+    mine: dict[Any, Any]  # shard key -> tensor: a tensor's index, or "index.piece" for a piece of a cut one
+    writers: list[int]  # the ranks that write a shard, in order
+    fingerprint: str
+    pieces: dict[int, tuple[list[int], int]]  # a cut tensor's index -> its shape and number of pieces
+
+
+def split(state: Any, rank: int, ranks: int, own: bool = True) -> Split:
+    """This rank's tensors (and pieces) of ``state``. ``own``: copies where a tensor is a view of more
+    than itself (torch.save writes a view's whole storage); False for a caller that copies them anyway."""
     found = tensors(state)
-    owners = assign([nbytes(t) for t in found], ranks)
-    mine = {i: _own_storage(t) for i, t in enumerate(found) if owners[i] == rank}
-    return mine, owners, fingerprint(found)
+    sizes = [nbytes(t) for t in found]
+    share = -(-sum(sizes) // ranks)  # a rank's bytes, rounded up
+    whole = [i for i, size in enumerate(sizes) if size <= share or ranks == 1 or found[i].numel() < 2]
+    load = [0] * ranks
+    owners = dict(zip(whole, assign([sizes[i] for i in whole], ranks)))
+    for index, owner in owners.items():
+        load[owner] += sizes[index]
+    mine: dict[Any, Any] = {i: found[i] for i, owner in owners.items() if owner == rank}
+    cuts = {i: cut(found[i], load, share) for i in range(len(found)) if i not in owners}
+    for index, slices in cuts.items():
+        flat = found[index].reshape(-1)
+        mine.update({f"{index}.{p}": flat[start:stop] for p, (owner, start, stop) in enumerate(slices) if owner == rank})
+    if own:
+        mine = {key: _own_storage(t) for key, t in mine.items()}
+    writers = sorted({*owners.values(), *(owner for slices in cuts.values() for owner, _, _ in slices)})
+    pieces = {i: (list(found[i].shape), len(slices)) for i, slices in cuts.items()}
+    return Split(mine, writers, fingerprint(found), pieces)
+
+
+def cut(tensor: Any, load: list[int], share: int) -> list[tuple[int, int, int]]:
+    """A tensor too large for one share, as (rank, first element, end) slices that fill each rank up to
+    ``share`` bytes in rank order (``load`` is updated); what rounding leaves goes to the lightest rank."""
+    numel, width = int(tensor.numel()), int(tensor.element_size())
+    slices, start = [], 0
+    for rank in range(len(load)):
+        take = min(numel - start, max(0, share - load[rank]) // width)
+        if take > 0:
+            slices.append((rank, start, start + take))
+            load[rank] += take * width
+            start += take
+    if start < numel:
+        rank = load.index(min(load))
+        slices.append((rank, start, numel))
+        load[rank] += (numel - start) * width
+    return slices
 
 
 def _own_storage(tensor: Any) -> Any:
@@ -111,9 +157,11 @@ def assemble(payload: dict[str, Any], folder: Path) -> dict[str, Any]:
         return payload
     import torch
 
-    found: dict[int, Any] = {}
+    found: dict[Any, Any] = {}
     for name in names:
         found.update(torch.load(folder / name, map_location="cpu", weights_only=True))
+    for index, (shape, parts) in (payload.get(PIECES) or {}).items():
+        found[int(index)] = torch.cat([found.pop(f"{index}.{p}") for p in range(parts)]).view(shape)
     return {**payload, "runtime": fill(payload["runtime"], found)}
 
 

@@ -46,12 +46,15 @@ ctx = init(backend)
 torch.manual_seed(0)
 width = spec.get("width", 64)
 model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(4)])
+if spec.get("table"):  # a buffer larger than one rank's share of the state: written in pieces
+    model[0].register_buffer("table", torch.arange(float(spec["table"])))
 model, opt = ctx.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
 ckpt = ctx.checkpointer(spec.get("ckpt") or folder / "ckpt", every=spec.get("every", 0), keep=spec.get("keep", 2),
                         async_save=spec.get("async", False))
 ckpt.writers = spec.get("writers")
 state = lambda: {"params": [p.detach().reshape(-1).tolist() for p in ctx.unwrap(model).parameters()],
-                 "momentum": [v["momentum_buffer"].reshape(-1).tolist() for v in opt.state_dict()["state"].values()]}
+                 "momentum": [v["momentum_buffer"].reshape(-1).tolist() for v in opt.state_dict()["state"].values()],
+                 "buffers": [b.reshape(-1).tolist() for b in ctx.unwrap(model).buffers()]}
 out = {"rank": ctx.rank}
 if spec["mode"] == "train":
     for step in range(1, spec["steps"] + 1):
@@ -130,15 +133,52 @@ def test_a_skeleton_filled_from_the_shares_is_the_state_again():
     assert bones["model"]["w"] == {shard_save.PLACEHOLDER: 0} and bones["opt"][0]["lr"] == 0.1
     back = shard_save.fill(bones, dict(enumerate(found)))
     assert torch.equal(back["model"]["w"], state["model"]["w"]) and torch.equal(back["opt"][0]["t"], torch.zeros(1))
-    mine, owners, structure = shard_save.split(state, 1, 2)
-    assert set(mine) == {i for i, o in enumerate(owners) if o == 1} and set(owners) == {0, 1}
+    structure = shard_save.split(state, 1, 2).fingerprint
     other = {"model": {"w": torch.zeros(3, 2), "b": torch.ones(2)}, "opt": [{"t": torch.zeros(1)}]}
-    assert shard_save.split(other, 1, 2)[2] != structure  # a different shape: not the same split
+    assert shard_save.split(other, 1, 2).fingerprint != structure  # a different shape: not the same split
+
+
+def write_shares(folder: Path, state: dict, ranks: int) -> list[int]:
+    """Every rank's share of ``state`` written as a checkpoint would; each rank's bytes, in rank order."""
+    splits = [shard_save.split(state, r, ranks) for r in range(ranks)]
+    names = [shard_save.shard_name(r) for r in splits[0].writers]
+    payload = {"runtime": shard_save.skeleton(state), shard_save.SHARDS: names, shard_save.PIECES: splits[0].pieces}
+    torch.save(payload, folder / STATE_FILE)
+    for r, found in enumerate(splits):
+        if found.mine:
+            shard_save.write_file(folder / shard_save.shard_name(r), found.mine, "sha256")
+    return [sum(shard_save.nbytes(t) for t in found.mine.values()) for found in splits]
+
+
+def read_back(folder: Path) -> dict:
+    return shard_save.assemble(torch.load(folder / STATE_FILE, weights_only=True), folder)["runtime"]
+
+
+def test_every_rank_together_writes_the_whole_state_once(tmp_path):
+    state = {"model": {"w": torch.arange(6.0).view(2, 3), "b": torch.ones(2)}, "opt": [{"lr": 0.1, "t": torch.zeros(1)}]}
+    write_shares(tmp_path, state, 2)
+    back = read_back(tmp_path)
+    assert torch.equal(back["model"]["w"], state["model"]["w"]) and back["opt"][0]["lr"] == 0.1
+
+
+def test_a_tensor_larger_than_one_share_is_cut_so_every_rank_writes_about_as_much(tmp_path):
+    # an embedding table of 80 % of the state: whole, one rank would write 4/5 of it and the others wait
+    table = torch.randn(200, 40, dtype=torch.float64)
+    state = {"emb": table, "head": torch.randn(50, 40, dtype=torch.float64), "step": torch.tensor(3)}
+    loads = write_shares(tmp_path, state, 4)
+    total = sum(shard_save.nbytes(t) for t in shard_save.tensors(state))
+    assert max(loads) <= 1.1 * total / 4 and sum(loads) == total, loads
+    pieces = shard_save.split(state, 0, 4).pieces
+    assert list(pieces) == [0] and pieces[0][0] == [200, 40] and 4 <= pieces[0][1] <= 5  # the table cut; the head fits
+    back = read_back(tmp_path)
+    assert torch.equal(back["emb"], table) and back["emb"].shape == (200, 40) and back["step"] == 3
+    # each piece is written without the table's whole storage
+    assert max(p.stat().st_size for p in tmp_path.glob("shard-*.pt")) < 0.4 * table.numel() * 8
 
 
 def test_a_view_is_written_without_its_whole_buffer(tmp_path):
     big = torch.zeros(1_000_000)
-    mine, _, _ = shard_save.split({"w": big[:10]}, 0, 1)
+    mine = shard_save.split({"w": big[:10]}, 0, 1).mine
     size, _ = shard_save.write_file(tmp_path / "s.pt", mine, "sha256")
     assert size < 10_000  # not the 4 MB storage the view points into
 
@@ -166,6 +206,16 @@ def test_an_async_sharded_save_writes_the_state_of_its_step(tmp_path):
     restored = run(tmp_path, {"mode": "restore", "width": 256})
     assert all(r["step"] == 6 and r["restored"] == saved[0]["saved"] for r in restored)
     assert {"shard-00000.pt", "shard-00001.pt"} <= set(committed_files(tmp_path / "ckpt" / "step-00000006"))
+
+
+def test_an_async_save_of_a_tensor_larger_than_a_share_writes_it_in_pieces_and_restores_it(tmp_path):
+    saved = run(tmp_path, {"mode": "train", "steps": 3, "every": 3, "async": True, "table": 100_000})
+    files = committed_files(tmp_path / "ckpt" / "step-00000003")
+    shares = [files[name] for name in ("shard-00000.pt", "shard-00001.pt")]
+    assert abs(shares[0] - shares[1]) < 0.1 * max(shares), files  # the table in two halves, not on one rank
+    restored = run(tmp_path, {"mode": "restore", "table": 100_000}, ranks=1)
+    assert restored[0]["step"] == 3 and restored[0]["restored"] == saved[0]["saved"]
+    assert restored[0]["restored"]["buffers"][0][-1] == 99_999.0
 
 
 def test_rank_0_alone_still_writes_and_restores_the_old_way(tmp_path):
