@@ -43,8 +43,8 @@ def dump_folder(job_folder: Path, run: int) -> Path:
 
 
 class Heartbeat:
-    #: this process's heartbeat, once one runs: a plain script's optimizer hook (runtime/boot/hpc_train_watch)
-    #: stands down when the script's hpc_train.runtime Context already keeps one
+    #: this process's heartbeat, once one runs: the boot's plain one (runtime/boot/hpc_train_watch), from
+    #: ``import torch``, until the script's hpc_train.runtime Context starts its own, which replaces it
     current: ClassVar[Heartbeat | None] = None
 
     def __init__(self, folder: Path, rank: int, run: int, dumps: Path, poll_s: float = POLL_S, plain: bool = False) -> None:
@@ -61,6 +61,9 @@ class Heartbeat:
         self._seen_at, self._gap = self.at, 0.0  # progress as the thread last saw it, and the gap before
         self._closed = threading.Event()
         self._lock = threading.Lock()  # finishing() writes from the main thread, the loop from its own
+        taken = Heartbeat.current
+        if taken is not None and taken.plain and not plain:  # the script's Context takes over from the boot's
+            taken.close()
         folder.mkdir(parents=True, exist_ok=True)
         self._write()
         self._thread = threading.Thread(target=self._loop, name="hpc_train-heartbeat", daemon=True)

@@ -8,7 +8,8 @@ script then restarts the run from the last checkpoint, avoiding the suspect node
 
 The timeout: ``--hang-timeout`` (HPC_TRAIN_HANG_TIMEOUT) when given, else learned from the run:
 ``max(FLOOR_S, K x the observed step time)``. Until every rank finished its first step the allowance
-is START_S (compilation, data loading, a slow first checkpoint load).
+is START_S (compilation, data loading, a slow first checkpoint load); PLAIN_START_S for a script that
+does not use hpc_train.runtime, which is judged by its collectives until its first optimizer step.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_train import contract
-from hpc_train.runtime.hang_report import Culprit, behind, main_stack, waiting
+from hpc_train.runtime.hang_report import Culprit, behind, last_collectives, main_stack, waiting
 from hpc_train.runtime.heartbeat import FLIGHT_RECORD_SUFFIX, REQUEST, dump_folder
 from hpc_train.runtime.outside_stacks import dump_from_outside
 from hpc_train.runtime.suspects import record_suspect
@@ -39,6 +40,11 @@ FLOOR_S = 300.0
 K = 20.0  # x the step time: far beyond any step's jitter, yet minutes, not hours, for a slow model
 START_S = 900.0  # before the first step: imports, compilation, data loading
 PLAIN_FLOOR_S = 1800.0  # the learned limit's floor when no rank uses hpc_train.runtime (see limit())
+# A plain script before its first optimizer step (its heartbeat starts at `import torch`): torch's own
+# default timeout for a collective, so the watch ends nothing that torch would not have ended itself,
+# but with the stacks, the culprit and a restart instead of a timeout error.
+PLAIN_START_S = 1800.0
+RECHECK_S = 5.0  # between the two looks at a plain script's collectives before its first step
 POLL_S = 1.0
 # py-spy, one srun step per rank, in turn: a second or two each; the culprits are few, a whole silent job is not
 OUTSIDE_MAX = 8
@@ -102,10 +108,16 @@ def read_beats(folder: Path, run: int) -> dict[int, dict[str, Any]]:
     return beats
 
 
+def stepped(beats: dict[int, dict[str, Any]]) -> bool:
+    """Every rank has made its first optimizer step."""
+    return all(int(b.get("steps", 0)) > 0 for b in beats.values())
+
+
 def limit(settings: Settings, beats: dict[int, dict[str, Any]], clock: StepClock) -> tuple[float, str]:
     """How long no rank may be active before it is a hang, and why that long."""
-    if len(beats) < settings.world or any(int(b.get("steps", 0)) == 0 for b in beats.values()):
-        return max(START_S, settings.timeout or 0.0), "start-up allowance"
+    if len(beats) < settings.world or not stepped(beats):
+        start = PLAIN_START_S if all(b.get("plain") for b in beats.values()) else START_S
+        return max(start, settings.timeout or 0.0), "start-up allowance"
     if settings.timeout:
         return settings.timeout, "--hang-timeout"
     step_s = clock.step_s()
@@ -186,16 +198,45 @@ def wait_for_hang(settings: Settings, step_alive: Any) -> tuple[dict[str, Any], 
         attempt += 1
         try:
             folder, dumps = collect_dumps(settings, hang["beats"], attempt)
+            plain = all(b.get("plain") for b in hang["beats"].values())
+            silent = len(dumps) < len(hang["beats"])  # a stopped rank, or one stuck holding the GIL
+            if not plain:
+                return hang, folder, dumps
+            if silent or any(waiting(main_stack(d)) for d in dumps.values()):
+                if stepped(hang["beats"]):
+                    return hang, folder, dumps
+                # before its first step a plain script may be one that never steps (an evaluation): its
+                # collectives, not its optimizer, say whether it moves
+                attempt += 1
+                moved, dumps = collectives_moved(settings, hang["beats"], folder, attempt)
+                if not moved:
+                    return hang, folder, dumps
+                log(f"run {settings.run}: no optimizer step yet after {hang['quiet_s']:g} s, but {moved}: not a hang")
+            else:
+                log(
+                    f"run {settings.run}: no optimizer step for {hang['quiet_s']:g} s, but no rank waits in a collective: not a hang"
+                )
         except OSError as exc:  # no report, but the hang is still ended
             log(f"hang in run {settings.run}; its stacks could not be collected: {exc}")
             return hang, dump_folder(settings.job_folder, settings.run), {}
-        plain = all(b.get("plain") for b in hang["beats"].values())
-        silent = len(dumps) < len(hang["beats"])  # a stopped rank, or one stuck holding the GIL
-        if not plain or silent or any(waiting(main_stack(d)) for d in dumps.values()):
-            return hang, folder, dumps
-        log(f"run {settings.run}: no optimizer step for {hang['quiet_s']:g} s, but no rank waits in a collective: not a hang")
         since = time.time()
     return None
+
+
+def collectives_moved(
+    settings: Settings, beats: dict[int, dict[str, Any]], folder: Path, attempt: int
+) -> tuple[str, dict[int, str]]:
+    """Look at the ranks' collectives twice, RECHECK_S apart: why the run is not stuck ("" if it is), and
+    the second look's stacks. Without a flight record to compare, nothing says it is stuck."""
+    before = {rank: last_collectives(record) for rank, record in flight_records(folder, beats).items()}
+    time.sleep(RECHECK_S)
+    folder, dumps = collect_dumps(settings, beats, attempt)
+    after = {rank: last_collectives(record) for rank, record in flight_records(folder, beats).items()}
+    if not before or not after:
+        return "no flight record tells whether its collectives go on", dumps
+    if before != after:
+        return "its collectives go on", dumps
+    return "", dumps
 
 
 def read_silent_ranks(

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import torch
@@ -120,11 +121,12 @@ def test_a_runtime_script_keeps_its_own_heartbeat_and_the_hook_stands_down(tmp_p
     assert Heartbeat.current is None
 
 
-def test_a_plain_rank_heartbeat_starts_at_its_first_step(tmp_path, monkeypatch):
+def test_a_plain_rank_heartbeat_starts_at_import_torch_and_counts_every_step(tmp_path, monkeypatch):
     from hpc_train.runtime.heartbeat import Heartbeat
 
     model, optimizer = hooked(monkeypatch, tmp_path)
-    assert not (tmp_path / "heartbeats").exists()  # nothing watched before a step: a script that never steps
+    record = json.loads((tmp_path / "heartbeats" / "rank-0.json").read_text())
+    assert (record["plain"], record["rank"], record["steps"]) == (True, 0, 0)  # watched before its first step
     model(torch.ones(1, 2)).sum().backward()
     optimizer.step()
     optimizer.step()
@@ -134,7 +136,73 @@ def test_a_plain_rank_heartbeat_starts_at_its_first_step(tmp_path, monkeypatch):
     finally:
         assert beat is not None
         beat.close()
-    record = json.loads((tmp_path / "heartbeats" / "rank-0.json").read_text())
-    assert record["plain"] is True and record["rank"] == 0
     optimizer.step()  # the hook goes on counting into its own (closed) heartbeat; remove it for the next tests
     sys.modules["torch.optim.optimizer"]._global_optimizer_post_hooks.clear()
+
+
+# before any optimizer step: rank 1 stops before its first collective while rank 0 waits in it ("hang"),
+# or both evaluate with collectives and never step ("evaluate"), which must run to its end
+NEVER_STEPPED = textwrap.dedent("""
+    import sys, time
+    import torch, torch.distributed as dist
+    how = sys.argv[1]
+    dist.init_process_group("gloo")
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if how == "hang" and dist.get_rank() == 1:
+        time.sleep(1000)
+    for _ in range(100000 if how == "hang" else 250):  # about 13 s
+        dist.all_reduce(t)  # rank 1 waits in it most of the time: in the stacks' terms, like a hang
+        if dist.get_rank() == 0:
+            time.sleep(0.05)
+""")
+
+
+def watch_in_process(tmp_path: Path, how: str, monkeypatch) -> list[subprocess.Popen]:
+    from hpc_train.runtime import watchdog
+
+    script = tmp_path / "never_stepped.py"
+    script.write_text(NEVER_STEPPED)
+    environ = {
+        **env(tmp_path, "3"),
+        "PYTHONPATH": os.pathsep.join([BOOT, *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "WORLD_SIZE": "2",
+        "OMP_NUM_THREADS": "1",
+        "TORCH_FR_BUFFER_SIZE": "100",
+    }
+    ranks = [subprocess.Popen([sys.executable, str(script), how], env={**environ, "RANK": str(r)}) for r in (0, 1)]
+    for key in ("HPC_TRAIN_JOB_FOLDER", "HPC_TRAIN_HEARTBEATS", "HPC_TRAIN_RUN", "HPC_TRAIN_NODES", "HPC_TRAIN_PROCS_PER_NODE"):
+        monkeypatch.setenv(key, environ[key])
+    monkeypatch.delenv("HPC_TRAIN_HANG_TIMEOUT", raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setattr(watchdog, "PLAIN_START_S", 4.0)  # 30 min in a job
+    deadline = threading.Timer(90, lambda: [r.kill() for r in ranks])  # a watch that never ends fails, not hangs
+    deadline.start()
+    try:
+        watchdog.main(["--step-pid", str(ranks[0].pid)])
+    finally:
+        deadline.cancel()
+        for rank in ranks:
+            try:
+                rank.wait(timeout=0 if how == "hang" else 30)
+            except subprocess.TimeoutExpired:
+                rank.kill()
+                rank.wait()
+    return ranks
+
+
+def test_a_plain_script_hung_before_its_first_optimizer_step_is_found_by_its_collectives(tmp_path, monkeypatch, capfd):
+    watch_in_process(tmp_path, "hang", monkeypatch)
+    [hang] = [json.loads(line) for line in (tmp_path / "hangs.jsonl").read_text().splitlines()]
+    assert hang["limit"] == "start-up allowance" and hang["limit_s"] == 4.0, hang
+    assert [c["rank"] for c in hang["culprits"]] == [1], capfd.readouterr().err
+
+
+def test_a_plain_script_that_never_steps_but_keeps_communicating_is_not_a_hang(tmp_path, monkeypatch, capfd):
+    ranks = watch_in_process(tmp_path, "evaluate", monkeypatch)
+    err = capfd.readouterr().err
+    assert not (tmp_path / "hangs.jsonl").exists(), err
+    assert "no optimizer step yet" in err and "its collectives go on: not a hang" in err, err
+    assert [r.returncode for r in ranks] == [0, 0]  # ran to its end: the watchdog let it

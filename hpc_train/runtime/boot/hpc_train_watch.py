@@ -2,14 +2,16 @@
 
 The watchdog (hpc_train.runtime.watchdog) judges progress by each rank's heartbeat file, which
 ``ctx.step()`` keeps. A plain torchrun or mpirun script has no ``ctx.step()``, but its optimizer steps: once
-``torch.optim`` is imported, this registers a global step post-hook
-(``torch.optim.optimizer.register_optimizer_step_post_hook``) that starts the rank's heartbeat at the first
-step and counts every one after it. A script that never steps an optimizer is never watched; one that uses
-hpc_train.runtime keeps its own heartbeat, and the hook stands down at its first call.
+``import torch`` has finished, this starts the rank's heartbeat (0 steps: the watchdog's start-up allowance
+for plain scripts) and registers a global step post-hook
+(``torch.optim.optimizer.register_optimizer_step_post_hook``) that counts every step. Before its first
+step a plain script is judged by its collectives (the watchdog looks twice at the flight recorder), so a
+script that never steps an optimizer is ended only if its collectives stop. One that uses
+hpc_train.runtime keeps its own heartbeat, which takes over from this one, and the hook stands down.
 
 Loaded by the sitecustomize as ``hpc_train_watch`` (like hpc_train_nsys): importing hpc_train.runtime at
-start-up would take the launch's added arguments off ``sys.argv`` before the script reads them. By the
-first optimizer step it has.
+start-up would take the launch's added arguments off ``sys.argv`` before the script reads them, so the
+heartbeat's import keeps sys.argv as it was.
 """
 
 from __future__ import annotations
@@ -26,27 +28,28 @@ from typing import Any
 from hpc_train import contract
 
 TARGET = "torch.optim.optimizer"  # defines register_optimizer_step_post_hook
+TORCH = "torch"  # whose import, once finished, has imported TARGET too
 
 
 def install(environ: Mapping[str, str] = os.environ) -> bool:
     """In a rank's python (RANK set, by torchrun or the launch shim) of a job whose watchdog runs."""
     if not environ.get(contract.ENV_HEARTBEATS) or not environ.get("RANK", "").isdigit():
         return False
-    if TARGET in sys.modules:
-        _register(sys.modules[TARGET], int(environ["RANK"]))
+    if TORCH in sys.modules and TARGET in sys.modules:
+        _register(int(environ["RANK"]))
     else:
         sys.meta_path.insert(0, _Finder(int(environ["RANK"])))
     return True
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    """Waits for torch.optim.optimizer to be imported, then hooks it; asks nothing of any other import."""
+    """Waits for torch's import to finish, then hooks it; asks nothing of any other import."""
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
 
     def find_spec(self, name: str, path: Sequence[str] | None, target: Any = None) -> Any:
-        if name != TARGET:
+        if name != TORCH:
             return None
         sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(name, path)
@@ -57,39 +60,47 @@ class _Finder(importlib.abc.MetaPathFinder):
 
         def run(module: Any) -> None:
             exec_module(module)
-            _register(module, rank)
+            _register(rank)  # after torch's own import, which the heartbeat's imports must not re-enter
 
         loader.exec_module = run  # type: ignore[method-assign]  # this module's own loader instance
         return spec
 
 
-def _register(module: Any, rank: int) -> None:
+def _register(rank: int) -> None:
     with contextlib.suppress(Exception):  # a torch without the hook: no watching, never a failed import
         steps = _Steps(rank)
-        steps.handle = module.register_optimizer_step_post_hook(steps)
+        steps.handle = importlib.import_module(TARGET).register_optimizer_step_post_hook(steps)
+        steps.start()
 
 
 class _Steps:
-    """The global optimizer step post-hook: the rank's heartbeat, started at the first step."""
+    """The global optimizer step post-hook, counting into the rank's plain heartbeat."""
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
         self.beat: Any = None
         self.handle: Any = None
+        self.heartbeat: Any = None  # the Heartbeat class: its ``current`` says whether a Context took over
+
+    def start(self) -> None:
+        argv = list(sys.argv)  # hpc_train.runtime takes the launch's words off sys.argv at import: a
+        from hpc_train.runtime.heartbeat import Heartbeat  # plain script keeps what it was given
+
+        sys.argv[:] = argv
+        self.heartbeat = Heartbeat
+        self.beat = None if Heartbeat.current is not None else Heartbeat.from_env(self.rank, plain=True)
+        if self.beat is None:  # hpc_train.runtime's own heartbeat counts the steps, or none can be written
+            self.handle.remove()
+            return
+        atexit.register(self._finished)  # the watchdog stands down once every rank has ended
 
     def __call__(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.beat is None:
-            argv = list(sys.argv)  # hpc_train.runtime takes the launch's words off sys.argv at import: a
-            from hpc_train.runtime.heartbeat import Heartbeat  # plain script keeps what it was given
-
-            sys.argv[:] = argv
-            self.beat = None if Heartbeat.current is not None else Heartbeat.from_env(self.rank, plain=True)
-            if self.beat is None:  # hpc_train.runtime's own heartbeat counts the steps, or none can be written
-                self.handle.remove()
-                return
-            atexit.register(self._finished)  # the watchdog stands down once every rank has ended
+        if self.beat is None or self.heartbeat.current is not self.beat:  # the script's Context took over
+            self.handle.remove()
+            return
         self.beat.beat()
 
     def _finished(self) -> None:
-        self.beat.finishing()
-        self.beat.close()
+        if self.heartbeat.current is self.beat:
+            self.beat.finishing()
+            self.beat.close()
