@@ -75,6 +75,9 @@ ENV_STRAGGLER_WINDOW = "HPC_TRAIN_STRAGGLER_WINDOW"  # steps per comparison wind
 # the watchdog
 ENV_HANG_TIMEOUT = "HPC_TRAIN_HANG_TIMEOUT"  # seconds without a step before a hang; "0" turns detection off: plan
 ENV_HEARTBEATS = "HPC_TRAIN_HEARTBEATS"  # set when a watchdog runs: the folder the ranks beat into (the script)
+# set by a plain rank's boot to its own pid: a python it starts (a compile worker, a spawned data loader)
+# inherits RANK too, and must not beat as that rank (runtime/boot/hpc_train_watch)
+ENV_WATCHED_PID = "HPC_TRAIN_WATCHED_PID"
 ENV_EXCLUDE_SUSPECTS = "HPC_TRAIN_EXCLUDE_SUSPECTS"  # "1": a requeue after a hang or crash avoids its node: plan
 
 # sweeps: each task's overrides, set by the array's case lines (hpc_train.sweeps.arrays)

@@ -198,6 +198,14 @@ def wait_for_hang(settings: Settings, step_alive: Any) -> tuple[dict[str, Any], 
         attempt += 1
         try:
             folder, dumps = collect_dumps(settings, hang["beats"], attempt)
+            if not step_alive():
+                return None  # it ended while it was asked for its stacks: the ones that did not answer had left
+            if resumed(hang["beats"], read_beats(settings.heartbeats, settings.run)):
+                log(
+                    f"run {settings.run}: quiet for {hang['quiet_s']:g} s, then active again while asked for its stacks: not a hang"
+                )
+                since = time.time()
+                continue
             plain = all(b.get("plain") for b in hang["beats"].values())
             silent = len(dumps) < len(hang["beats"])  # a stopped rank, or one stuck holding the GIL
             if not plain:
@@ -221,6 +229,11 @@ def wait_for_hang(settings: Settings, step_alive: Any) -> tuple[dict[str, Any], 
             return hang, dump_folder(settings.job_folder, settings.run), {}
         since = time.time()
     return None
+
+
+def resumed(before: dict[int, dict[str, Any]], after: dict[int, dict[str, Any]]) -> bool:
+    """Some rank made progress (or finished) since ``before`` was read."""
+    return any(float(beat.get("at", 0)) > float(before.get(rank, {}).get("at", 0)) for rank, beat in after.items())
 
 
 def collectives_moved(

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from hpc_train import contract
 from hpc_train.runtime.boot import FOLDER as BOOT
 from tests.unit.test_runtime_shutdown import free_port
 from tests.unit.test_watchdog import env
@@ -100,6 +101,7 @@ def hooked(monkeypatch, tmp_path):
     monkeypatch.setenv("HPC_TRAIN_HEARTBEATS", str(tmp_path / "heartbeats"))
     monkeypatch.setenv("HPC_TRAIN_JOB_FOLDER", str(tmp_path))
     monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv(contract.ENV_WATCHED_PID, str(os.getpid()))  # install() sets it; undone after the test
     assert hpc_train_watch.install()  # torch.optim is imported here already: hooked at once
     model = torch.nn.Linear(2, 1)
     return model, torch.optim.SGD(model.parameters(), lr=0.1)
@@ -206,3 +208,25 @@ def test_a_plain_script_that_never_steps_but_keeps_communicating_is_not_a_hang(t
     assert not (tmp_path / "hangs.jsonl").exists(), err
     assert "no optimizer step yet" in err and "its collectives go on: not a hang" in err, err
     assert [r.returncode for r in ranks] == [0, 0]  # ran to its end: the watchdog let it
+
+
+def test_a_python_started_by_a_rank_does_not_beat_as_that_rank(tmp_path):
+    # a compile worker or a spawned data loader inherits RANK and the boot folder; only the rank beats
+    environ = {
+        **env(tmp_path, "3"),
+        "PYTHONPATH": os.pathsep.join([BOOT, *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "RANK": "0",
+    }
+    environ.pop(contract.ENV_WATCHED_PID, None)
+    beat = tmp_path / "heartbeats" / "rank-0.json"
+    # the rank imports torch (its heartbeat starts), then a python of its own does; that one says whose beat it finds
+    look = f"import json, os, torch; print(json.loads(open({str(beat)!r}).read())['pid'] == os.getppid())"
+    rank = f"import subprocess, sys, torch; subprocess.run([sys.executable, '-c', {look!r}], check=True)"
+    out = subprocess.run([sys.executable, "-c", rank], env=environ, check=True, timeout=120, capture_output=True, text=True)
+    assert out.stdout.strip() == "True", out.stderr[-2000:]  # the file is still the rank's, not its child's
+    assert json.loads(beat.read_text())["plain"] is True
+    beat.unlink()
+    subprocess.run(
+        [sys.executable, "-c", "import torch"], env={**environ, contract.ENV_WATCHED_PID: "1"}, check=True, timeout=120
+    )
+    assert not beat.exists()  # started with another process's pid as the rank's: not the rank

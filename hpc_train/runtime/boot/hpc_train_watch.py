@@ -35,6 +35,10 @@ def install(environ: Mapping[str, str] = os.environ) -> bool:
     """In a rank's python (RANK set, by torchrun or the launch shim) of a job whose watchdog runs."""
     if not environ.get(contract.ENV_HEARTBEATS) or not environ.get("RANK", "").isdigit():
         return False
+    watched = environ.get(contract.ENV_WATCHED_PID)
+    if watched and watched != str(os.getpid()):
+        return False  # a python the rank started, with the rank's environment: not the rank
+    os.environ[contract.ENV_WATCHED_PID] = str(os.getpid())
     if TORCH in sys.modules and TARGET in sys.modules:
         _register(int(environ["RANK"]))
     else:
