@@ -116,8 +116,10 @@ def split(state: Any, rank: int, ranks: int, own: bool = True) -> Split:
     mine: dict[Any, Any] = {i: found[i] for i, owner in owners.items() if owner == rank}
     cuts = {i: cut(found[i], load, share) for i in range(len(found)) if i not in owners}
     for index, slices in cuts.items():
-        flat = found[index].reshape(-1)
-        mine.update({f"{index}.{p}": flat[start:stop] for p, (owner, start, stop) in enumerate(slices) if owner == rank})
+        ours = [(p, start, stop) for p, (owner, start, stop) in enumerate(slices) if owner == rank]
+        if ours:  # reshape copies a tensor that is not contiguous: only where this rank writes some of it
+            flat = found[index].reshape(-1)
+            mine.update({f"{index}.{p}": flat[start:stop] for p, start, stop in ours})
     if own:
         mine = {key: _own_storage(t) for key, t in mine.items()}
     writers = sorted({*owners.values(), *(owner for slices in cuts.values() for owner, _, _ in slices)})

@@ -28,7 +28,7 @@ from typing import Any
 from hpc_train import contract
 
 TARGET = "torch.optim.optimizer"  # defines register_optimizer_step_post_hook
-TORCH = "torch"  # whose import, once finished, has imported TARGET too
+TORCH = "torch"  # the heartbeat starts once its import has finished
 
 
 def install(environ: Mapping[str, str] = os.environ) -> bool:
@@ -39,7 +39,7 @@ def install(environ: Mapping[str, str] = os.environ) -> bool:
     if watched and watched != str(os.getpid()):
         return False  # a python the rank started, with the rank's environment: not the rank
     os.environ[contract.ENV_WATCHED_PID] = str(os.getpid())
-    if TORCH in sys.modules and TARGET in sys.modules:
+    if TORCH in sys.modules:
         _register(int(environ["RANK"]))
     else:
         sys.meta_path.insert(0, _Finder(int(environ["RANK"])))
