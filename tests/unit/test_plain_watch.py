@@ -47,9 +47,10 @@ PLAIN = textwrap.dedent("""
 """)
 
 
-def run(tmp_path: Path, how: str) -> tuple[subprocess.CompletedProcess, list[subprocess.Popen]]:
+def start_plain_ranks(tmp_path: Path, source: str, how: str, **extra: str) -> tuple[list[subprocess.Popen], dict[str, str]]:
+    """Two gloo ranks of a plain script, with the job's boot folder first on PYTHONPATH as the batch script runs them."""
     script = tmp_path / "plain.py"
-    script.write_text(PLAIN)
+    script.write_text(source)
     environ = {
         **env(tmp_path, "3"),
         "PYTHONPATH": os.pathsep.join([BOOT, *filter(None, [os.environ.get("PYTHONPATH")])]),
@@ -57,8 +58,14 @@ def run(tmp_path: Path, how: str) -> tuple[subprocess.CompletedProcess, list[sub
         "MASTER_PORT": str(free_port()),
         "WORLD_SIZE": "2",
         "OMP_NUM_THREADS": "1",
+        **extra,
     }
     ranks = [subprocess.Popen([sys.executable, str(script), how], env={**environ, "RANK": str(r)}) for r in (0, 1)]
+    return ranks, environ
+
+
+def run(tmp_path: Path, how: str) -> tuple[subprocess.CompletedProcess, list[subprocess.Popen]]:
+    ranks, environ = start_plain_ranks(tmp_path, PLAIN, how)
     try:
         out = subprocess.run(
             [sys.executable, "-m", "hpc_train.runtime.watchdog", "--step-pid", str(ranks[0].pid)],
@@ -163,18 +170,7 @@ NEVER_STEPPED = textwrap.dedent("""
 def watch_in_process(tmp_path: Path, how: str, monkeypatch) -> list[subprocess.Popen]:
     from hpc_train.runtime import watchdog
 
-    script = tmp_path / "never_stepped.py"
-    script.write_text(NEVER_STEPPED)
-    environ = {
-        **env(tmp_path, "3"),
-        "PYTHONPATH": os.pathsep.join([BOOT, *filter(None, [os.environ.get("PYTHONPATH")])]),
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-        "WORLD_SIZE": "2",
-        "OMP_NUM_THREADS": "1",
-        "TORCH_FR_BUFFER_SIZE": "100",
-    }
-    ranks = [subprocess.Popen([sys.executable, str(script), how], env={**environ, "RANK": str(r)}) for r in (0, 1)]
+    ranks, environ = start_plain_ranks(tmp_path, NEVER_STEPPED, how, TORCH_FR_BUFFER_SIZE="100")
     for key in ("HPC_TRAIN_JOB_FOLDER", "HPC_TRAIN_HEARTBEATS", "HPC_TRAIN_RUN", "HPC_TRAIN_NODES", "HPC_TRAIN_PROCS_PER_NODE"):
         monkeypatch.setenv(key, environ[key])
     monkeypatch.delenv("HPC_TRAIN_HANG_TIMEOUT", raising=False)
