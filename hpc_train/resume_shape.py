@@ -59,8 +59,9 @@ def refusal(shape: dict[str, Any], *, world: int, dp: int, pp: int, layout: bool
     saved_world, state = shape["world_size"], shape["state"]
     if backend != shape["backend"] and state != REPLICATED:
         return f"it was saved by backend {shape['backend']!r} in its own format; resume it with --backend {shape['backend']}"
-    if state == ENGINE and world != saved_world:
-        reason = shape.get("reshard") or "the engine's state is split across its ranks"
+    # an engine that reshards its own files records no reason; a shape without the key predates it
+    reason = shape.get("reshard", "the engine's state is split across its ranks")
+    if state == ENGINE and world != saved_world and reason:
         return f"it was saved by {saved_world} processes and cannot be resharded to {world}: {reason}"
     if state == REPLICATED and layout:
         return "it holds one full copy of the state (no --parallel); resume it without --parallel"

@@ -6,18 +6,23 @@ import functools
 import json
 import math
 import os
+import shutil
+from pathlib import Path
 from typing import Any
 
-from hpc_train.contract import ENV_PARALLEL
+from hpc_train_plugins import deepspeed_reshard
+
+from hpc_train.contract import ENV_CHECKPOINT_DIR, ENV_PARALLEL
 from hpc_train.runtime.base import BackendRuntime
+from hpc_train.runtime.preemption import log
 
 
 class DeepSpeedRuntime(BackendRuntime):
     name = "deepspeed"
     # with --parallel, DeepSpeed's own pipeline engine averages over dp and saves; hpc_train adds the mesh
     owns_parallelism = True
-    # its ZeRO partitions are files per data-parallel rank; its universal-checkpoint conversion is not wired in
-    resharding = "DeepSpeed's engine checkpoint is partitioned per rank (ZeRO); resume it with the world size that saved it"
+    # the engine writes its own files; ZeRO partitions load at another size through the universal checkpoint
+    engine_checkpoint = True
     pipeline_microbatches: int | None = None
 
     def init(self) -> None:
@@ -114,10 +119,58 @@ class DeepSpeedRuntime(BackendRuntime):
         # every rank must call save_checkpoint (rank 0 alone hangs)
         self.model.save_checkpoint(folder, tag="engine")
 
+    def reshard_refusal(self) -> str | None:
+        if self.pipeline_microbatches is not None or (self.parallel is not None and self.parallel.pp_size > 1):
+            return (
+                "DeepSpeed's pipeline engine writes its layers per stage, which hpc_train does not convert; "
+                "resume it with the world size that saved it"
+            )
+        engine = self.model
+        if engine is None or (engine.zero_optimization_stage() == 0 and not engine.bfloat16_enabled()):
+            return None  # one full state, not partitioned: it loads at any size as it is
+        return deepspeed_reshard.unconvertible(getattr(self.optimizer, "optimizer", self.optimizer))
+
     def load_checkpoint_state(self, state: dict[str, Any] | None, folder: str) -> None:
-        path, _ = self.model.load_checkpoint(folder, tag="engine", load_optimizer_states=True, load_lr_scheduler_states=True)
+        saved = deepspeed_reshard.saved_partitions(Path(folder) / deepspeed_reshard.TAG)
+        if saved is None or saved == self._dp_size():
+            self._load_engine(folder, universal=False)
+        else:
+            self._load_resharded(Path(folder), saved)
+
+    def _dp_size(self) -> int:
+        return int(getattr(self.model, "dp_world_size", None) or self.env.world_size)
+
+    def _load_engine(self, folder: str, *, universal: bool) -> None:
+        # the flag is what the ds_config's checkpoint.load_universal sets; the engine reads it as it loads
+        config = self.model._config
+        before, config.load_universal_checkpoint = config.load_universal_checkpoint, universal
+        try:
+            path, _ = self.model.load_checkpoint(
+                folder, tag=deepspeed_reshard.TAG, load_optimizer_states=True, load_lr_scheduler_states=True
+            )
+        finally:
+            config.load_universal_checkpoint = before
         if path is None:
             raise RuntimeError(f"DeepSpeed found no engine checkpoint in {folder}")
+
+    def _load_resharded(self, folder: Path, saved: int) -> None:
+        """Rank 0 converts the partitions of ``saved`` ranks to a universal checkpoint, every rank loads it."""
+        scratch = deepspeed_reshard.scratch_folder(os.environ.get(ENV_CHECKPOINT_DIR))
+        tagged = folder / deepspeed_reshard.TAG
+        problem = deepspeed_reshard.convert(tagged, scratch / deepspeed_reshard.TAG) if self.env.rank == 0 else None
+        problems = [p for p in self.gather_object(problem) if p]
+        if problems:
+            raise RuntimeError(f"converting the ZeRO partitions of {saved} ranks to a universal checkpoint failed: {problems[0]}")
+        try:
+            self._load_engine(str(scratch), universal=True)
+        finally:
+            self.gather_object(None)  # every rank has read the conversion before it goes
+            if self.env.rank == 0:
+                shutil.rmtree(scratch, ignore_errors=True)
+        if self.env.rank == 0:
+            log(
+                f"DeepSpeed: the ZeRO partitions of {saved} data-parallel ranks loaded into {self._dp_size()} (universal checkpoint)"
+            )
 
     def pipeline(self, layers: Any, loss_fn: Any, *, microbatches: int) -> DeepSpeedPipeline:
         """``ctx.pipeline(...)`` under this backend: DeepSpeed's PipelineModule and pipeline engine."""

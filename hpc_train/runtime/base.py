@@ -47,9 +47,12 @@ class BackendRuntime:
     #: hpc_train then only builds the device mesh, and ``ctx.pipeline(...)`` calls :meth:`pipeline`.
     #: False: hpc_train averages over the dp group, saves sharded state and runs its own pipeline schedules.
     owns_parallelism: ClassVar[bool] = False
-    #: why this runtime's checkpoints load only at the world size that saved them (its engine splits the
-    #: state per rank); None: its state is replicated (the same on every rank) and loads at any world size
-    #: (hpc_train.runtime.resume)
+    #: True when the framework's engine writes its own checkpoint files (``write_engine_state``, all ranks)
+    #: instead of the replicated state hpc_train splits across ranks (``checkpoint_state``)
+    engine_checkpoint: ClassVar[bool] = False
+    #: why this runtime's engine checkpoints load only at the world size that saved them; None: they load at
+    #: any world size (replicated state, or an engine that reshards its own files when it loads them).
+    #: Recorded in each checkpoint's shape.json through :meth:`reshard_refusal` (hpc_train.runtime.resume)
     resharding: ClassVar[str | None] = None
     #: this rank's place in the ``--parallel`` mesh, set by ``init()`` under a layout; None without one
     parallel: ParallelState | None = None
@@ -326,6 +329,12 @@ class BackendRuntime:
         thread calls it); by default the state is written now and None returned."""
         self.write_engine_state(folder)
         return None
+
+    def reshard_refusal(self) -> str | None:
+        """Why this run's checkpoints will not load at another world size (None: they will). Judged
+        before a resume, on the login side and in the job; by default ``resharding``, a runtime whose
+        answer depends on the run (a pipeline layout) says so here."""
+        return self.resharding
 
     def load_checkpoint_state(self, state: dict[str, Any] | None, folder: str) -> None:
         if state is None:

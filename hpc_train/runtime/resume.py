@@ -42,7 +42,7 @@ def shape(ctx: Context) -> dict[str, Any]:
     if ctx.parallel is not None and not runtime.owns_parallelism:
         state = SHARDED  # hpc_train's own layout: DCP shards (hpc_train.runtime.sharded_checkpoint)
     else:
-        state = ENGINE if runtime.resharding is not None else REPLICATED
+        state = ENGINE if runtime.engine_checkpoint or runtime.resharding is not None else REPLICATED
     layout = ctx.parallel.layout if ctx.parallel is not None else None
     return {
         "world_size": ctx.world_size,
@@ -51,7 +51,7 @@ def shape(ctx: Context) -> dict[str, Any]:
         "dp": layout.dp if layout is not None else ctx.world_size,
         "pp": layout.pp if layout is not None else 1,
         "state": state,
-        "reshard": runtime.resharding,
+        "reshard": runtime.reshard_refusal(),
         "grad_accum": ctx.options.grad_accum,
         "loaders": [_loader_record(loader) for loader in ctx.loaders],
     }

@@ -1,6 +1,6 @@
 """MPI and Horovod keep rank 0's full state (no engine of their own): a run of 2 mpirun processes to step S
 continues as 1 process with --resume-from, matching the uninterrupted 2-process run at every later step.
-DeepSpeed's engine state continues at the world size that saved it, and is refused at another."""
+DeepSpeed's ZeRO partitions continue at another world size through DeepSpeed's universal checkpoint."""
 
 from __future__ import annotations
 
@@ -58,23 +58,52 @@ def test_a_2_process_run_continues_as_1_process_with_the_same_samples_and_losses
         assert abs(row["loss"] - straight[step]["loss"]) <= 1e-5 * abs(straight[step]["loss"]) + 1e-7, (step, row)
 
 
-def test_deepspeed_resumes_at_its_own_world_size_and_refuses_another_before_loading(tmp_path):
+def same_as(straight: dict[int, dict], resumed: dict[int, dict], world: int) -> None:
+    for step, row in resumed.items():
+        assert (row["world_size"], row["per_rank_batch"]) == (world, 16 // world), step  # the global batch of 16 kept
+        assert row["samples"] == straight[step]["samples"], step
+        assert abs(row["loss"] - straight[step]["loss"]) <= 1e-5 * abs(straight[step]["loss"]) + 1e-7, (step, row)
+
+
+def render_resume(source: Path, procs: int) -> subprocess.CompletedProcess:
+    """The submit-side check, from the shape.json the checkpoint committed (no torch on the login side)."""
+    return subprocess.run(
+        [sys.executable, "-m", "hpc_train", "render", "--site", "sandbox", "--backend", "deepspeed", "--procs-per-node",
+         str(procs), "--resume-from", str(source), str(SCRIPT)],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_deepspeed_zero_partitions_continue_at_another_world_size_and_back(tmp_path):
+    adam = ("--batch-size", "8", "--adam")
+    straight = run(tmp_path, "straight", "deepspeed", 2, *adam)
+    run(tmp_path, "first", "deepspeed", 2, *adam, "--stop-at", str(STOP))
+    source = tmp_path / "first" / "checkpoints"
+    assert len(list(source.glob("step-*/engine/engine/zero_pp_rank_*_optim_states.pt"))) == 2  # ZeRO-2: partitioned
+    render = render_resume(source, 1)
+    assert render.returncode == 0, render.stderr
+    out = launch(tmp_path, "one", "deepspeed", 1, *adam, "--stop-at", "8", resume_from=source)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    assert "ZeRO partitions of 2 data-parallel ranks loaded into 1 (universal checkpoint)" in out.stderr
+    one = {row["step"]: row for row in map(json.loads, (tmp_path / "one" / "resume_steps.jsonl").read_text().splitlines())}
+    assert sorted(one) == list(range(STOP + 1, 9))
+    same_as(straight, one, 1)
+    assert not (tmp_path / "one" / "checkpoints" / "universal.tmp").exists()  # the conversion is removed once loaded
+    back = run(tmp_path, "back", "deepspeed", 2, *adam, resume_from=tmp_path / "one" / "checkpoints")
+    assert sorted(back) == list(range(9, STEPS + 1))
+    same_as(straight, back, 2)
+
+
+def test_deepspeed_state_the_converter_does_not_know_keeps_its_world_size(tmp_path):
     straight = run(tmp_path, "straight", "deepspeed", 2, "--batch-size", "8")
     run(tmp_path, "first", "deepspeed", 2, "--batch-size", "8", "--stop-at", str(STOP))
     source = tmp_path / "first" / "checkpoints"
     resumed = run(tmp_path, "same", "deepspeed", 2, "--batch-size", "8", resume_from=source)
     assert sorted(resumed) == list(range(STOP + 1, STEPS + 1))
-    for step, row in resumed.items():
-        assert row["samples"] == straight[step]["samples"], step
-        assert abs(row["loss"] - straight[step]["loss"]) <= 1e-5 * abs(straight[step]["loss"]) + 1e-7, (step, row)
+    same_as(straight, resumed, 2)
+    reason = "cannot be resharded to 1: its ZeRO partitions hold SGD's state (momentum_buffer)"
     refused = launch(tmp_path, "one", "deepspeed", 1, "--batch-size", "8", resume_from=source)
-    assert refused.returncode != 0
-    assert "cannot be resharded to 1: DeepSpeed's engine checkpoint is partitioned per rank (ZeRO)" in refused.stderr
+    assert refused.returncode != 0 and reason in refused.stderr, refused.stderr[-3000:]
     assert not (tmp_path / "one" / "resume_steps.jsonl").exists()  # refused before the first step
-    # and before submission, from the shape.json the checkpoint committed (no torch on the login side)
-    render = subprocess.run(
-        [sys.executable, "-m", "hpc_train", "render", "--site", "sandbox", "--backend", "deepspeed", "--procs-per-node", "1",
-         "--resume-from", str(source), str(SCRIPT)],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert render.returncode == 78 and "--resume-from" in render.stderr and "cannot be resharded" in render.stderr, render.stderr
+    render = render_resume(source, 1)
+    assert render.returncode == 78 and "--resume-from" in render.stderr and reason in render.stderr, render.stderr

@@ -3,6 +3,7 @@
     --steps N          train to step N (counted from 0 across resumes)
     --stop-at S        save step S and end there (the run a later job resumes with --resume-from)
     --batch-size B     ctx.loader's batch_size: per rank in the shape that started the run
+    --adam             Adam instead of SGD with momentum (DeepSpeed reshards Adam's ZeRO state alone)
 
 Rank 0 appends one JSON line per step to <job folder>/resume_steps.jsonl: step, loss (the mean over the
 data-parallel ranks), samples (the sample ids all ranks read, sorted), world_size, per_rank_batch.
@@ -24,6 +25,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--stop-at", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--adam", action="store_true")
     args, _ = parser.parse_known_args()
 
     ctx = rt.init()
@@ -32,7 +34,11 @@ def main() -> None:
     y = x @ torch.randn(8, 1, generator=g)
     torch.manual_seed(0)  # no dropout: nothing random that a new world size would draw differently
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-    model, _ = ctx.prepare(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    if args.adam:
+        optimizer: torch.optim.Optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model, _ = ctx.prepare(model, optimizer)
     loader = ctx.loader(TensorDataset(x, y, torch.arange(64)), batch_size=args.batch_size, seed=3)
     total = args.stop_at or args.steps
     out = Path(os.environ.get("HPC_TRAIN_JOB_FOLDER", ".")) / "resume_steps.jsonl"

@@ -38,6 +38,9 @@ def test_engine_state_keeps_its_world_size_and_names_the_reason():
     message = judge(engine, 2, backend="deepspeed")
     assert "saved by 4 processes and cannot be resharded to 2: partitioned per rank (ZeRO)" in message
     assert "--backend deepspeed" in judge(engine, 4, backend="torchrun")
+    assert judge({**engine, "reshard": None}, 2, backend="deepspeed") is None  # an engine that converts its files
+    older = {key: value for key, value in engine.items() if key != "reshard"}  # a shape from before the field
+    assert "cannot be resharded to 2: the engine's state is split across its ranks" in judge(older, 2, backend="deepspeed")
 
 
 def test_sharded_state_reshards_dp_and_tp_but_keeps_the_pipeline_split():
