@@ -21,6 +21,7 @@ _WAITING = re.compile(
     r"synchronize_gradients|any_ranks?|gather_object)\b"
 )
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+", re.MULTILINE)
+_CPU = re.compile(r", cpu ([0-9]+(?:\.[0-9]+)?) s$")  # the end of a dump's first line: the process's CPU time
 
 
 @dataclass
@@ -44,6 +45,12 @@ def main_stack(dump: str) -> list[str]:
         if any(frame.endswith("in <module>") for frame in frames):
             return frames
     return []
+
+
+def cpu_seconds(dump: str) -> float | None:
+    """The CPU time the rank's process had used when it wrote ``dump`` (its first line); None if not said."""
+    found = _CPU.search(dump.split("\n", 1)[0])
+    return float(found.group(1)) if found else None
 
 
 def waiting(frames: list[str]) -> bool:

@@ -158,7 +158,7 @@ class Heartbeat:
             with open(tmp, "w") as out:
                 out.write(
                     f"rank {self.rank} on {self.host} (pid {os.getpid()}), {self.steps} steps this run, "
-                    f"last at {time.strftime('%H:%M:%S', time.localtime(self.at))}\n"
+                    f"last at {time.strftime('%H:%M:%S', time.localtime(self.at))}, cpu {time.process_time():.3f} s\n"
                 )
                 out.flush()
                 faulthandler.dump_traceback(out, all_threads=True)

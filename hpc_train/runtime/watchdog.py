@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_train import contract
-from hpc_train.runtime.hang_report import Culprit, behind, last_collectives, main_stack, waiting
+from hpc_train.runtime.hang_report import Culprit, behind, cpu_seconds, last_collectives, main_stack, waiting
 from hpc_train.runtime.heartbeat import FLIGHT_RECORD_SUFFIX, REQUEST, dump_folder
 from hpc_train.runtime.outside_stacks import dump_from_outside
 from hpc_train.runtime.suspects import record_suspect
@@ -44,7 +44,11 @@ PLAIN_FLOOR_S = 1800.0  # the learned limit's floor when no rank uses hpc_train.
 # default timeout for a collective, so the watch ends nothing that torch would not have ended itself,
 # but with the stacks, the culprit and a restart instead of a timeout error.
 PLAIN_START_S = 1800.0
-RECHECK_S = 5.0  # between the two looks at a plain script's collectives before its first step
+RECHECK_S = 5.0  # between the two looks at a plain script's collectives (or stacks and CPU) when quiet
+# CPU a rank may use between those looks and still sit still: its heartbeat thread and the answer itself
+# take milliseconds; a rank that computes (an evaluation, data preparation) takes about RECHECK_S
+IDLE_CPU_S = 0.25
+NO_RECORD = "no flight record tells whether its collectives go on"
 POLL_S = 1.0
 # py-spy, one srun step per rank, in turn: a second or two each; the culprits are few, a whole silent job is not
 OUTSIDE_MAX = 8
@@ -192,7 +196,8 @@ def wait_for_hang(settings: Settings, step_alive: Any) -> tuple[dict[str, Any], 
 
     A plain script's ranks beat only at optimizer steps (runtime/boot/hpc_train_watch): no forward hook
     tells an evaluation pass from a hang. So where every rank is plain, a quiet spell is a hang only if a
-    rank waits in a collective (for one that never comes); otherwise the watch goes on from now."""
+    rank waits in a collective (for one that never comes) that does not move, or if every rank sits still
+    (sat_still); otherwise the watch goes on from now."""
     since, attempt = None, 0
     while (hang := watch(settings, step_alive, since=since)) is not None:
         attempt += 1
@@ -216,13 +221,24 @@ def wait_for_hang(settings: Settings, step_alive: Any) -> tuple[dict[str, Any], 
                 # before its first step a plain script may be one that never steps (an evaluation): its
                 # collectives, not its optimizer, say whether it moves
                 attempt += 1
+                first = dumps
                 moved, dumps = collectives_moved(settings, hang["beats"], folder, attempt)
+                if moved == NO_RECORD:  # no process group yet (a rendezvous that one rank never joins)
+                    moved = sat_still(first, dumps)
                 if not moved:
                     return hang, folder, dumps
                 log(f"run {settings.run}: no optimizer step yet after {hang['quiet_s']:g} s, but {moved}: not a hang")
             else:
+                # no rank in a collective: stuck all the same if every rank sits still, stack and CPU
+                attempt += 1
+                time.sleep(RECHECK_S)
+                first, (folder, dumps) = dumps, collect_dumps(settings, hang["beats"], attempt)
+                why = sat_still(first, dumps)
+                if not why and step_alive() and not resumed(hang["beats"], read_beats(settings.heartbeats, settings.run)):
+                    return hang, folder, dumps
                 log(
-                    f"run {settings.run}: no optimizer step for {hang['quiet_s']:g} s, but no rank waits in a collective: not a hang"
+                    f"run {settings.run}: no optimizer step for {hang['quiet_s']:g} s, but no rank waits in a collective "
+                    f"and {why or 'it moved again'}: not a hang"
                 )
         except OSError as exc:  # no report, but the hang is still ended
             log(f"hang in run {settings.run}; its stacks could not be collected: {exc}")
@@ -246,10 +262,26 @@ def collectives_moved(
     folder, dumps = collect_dumps(settings, beats, attempt)
     after = {rank: last_collectives(record) for rank, record in flight_records(folder, beats).items()}
     if not before or not after:
-        return "no flight record tells whether its collectives go on", dumps
+        return NO_RECORD, dumps
     if before != after:
         return "its collectives go on", dumps
     return "", dumps
+
+
+def sat_still(first: dict[int, str], second: dict[int, str]) -> str:
+    """Two looks at the ranks' stacks, RECHECK_S apart: "" when every rank sat still in both (the same
+    frames, next to no CPU used: blocked, not working), else why the run is not stuck."""
+    if not second or set(first) != set(second):
+        return "not every rank answered both looks"
+    for rank in sorted(second):
+        if main_stack(first[rank]) != main_stack(second[rank]):
+            return f"rank {rank} moves (its stack changed)"
+        before, after = cpu_seconds(first[rank]), cpu_seconds(second[rank])
+        if before is None or after is None:
+            return f"rank {rank} does not say its CPU time"
+        if after - before > IDLE_CPU_S:
+            return f"rank {rank} works ({after - before:.1f} s of CPU in {RECHECK_S:g} s)"
+    return ""
 
 
 def read_silent_ranks(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import faulthandler
 import threading
 
-from hpc_train.runtime.hang_report import behind, first_failures, main_stack, waiting
+from hpc_train.runtime.hang_report import behind, cpu_seconds, first_failures, main_stack, waiting
 
 WAITING_STACK = """Thread 0x00007f01 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 320 in wait
@@ -132,3 +132,10 @@ def test_equal_flight_records_or_point_to_point_only_name_nobody():
     p2p = {"entries": [{"process_group": ["0", "pg"], "collective_seq_id": 0, "is_p2p": True, "p2p_seq_id": 3}]}
     assert behind_in_collectives({0: p2p, 1: _record(("0", 2, "a"))}) == {}
     assert behind_in_collectives({}) == {}
+
+
+def test_a_dump_says_the_cpu_its_process_had_used():
+    header = "rank 1 on n2 (pid 77), 0 steps this run, last at 03:20:23, cpu 12.500 s\n"
+    assert cpu_seconds(header + SLEEPING_STACK) == 12.5
+    assert cpu_seconds("rank 1 on n2 (pid 77), 0 steps this run, last at 03:20:23\n" + SLEEPING_STACK) is None  # older ranks
+    assert cpu_seconds(SLEEPING_STACK) is None  # py-spy's, read from outside

@@ -97,7 +97,7 @@ def test_a_plain_scripts_hung_rank_is_found_by_its_optimizer_steps(tmp_path):
 def test_a_plain_script_that_stops_stepping_to_evaluate_is_not_a_hang(tmp_path):
     out, ranks = run(tmp_path, "evaluate")
     assert not (tmp_path / "hangs.jsonl").exists(), out.stderr
-    assert "no rank waits in a collective: not a hang" in out.stderr, out.stderr
+    assert "no rank waits in a collective and " in out.stderr and ": not a hang" in out.stderr, out.stderr
     assert ranks[0].returncode == 0  # trained to the end: the watchdog let it
 
 
@@ -167,10 +167,27 @@ NEVER_STEPPED = textwrap.dedent("""
 """)
 
 
-def watch_in_process(tmp_path: Path, how: str, monkeypatch) -> list[subprocess.Popen]:
+# before any process group: rank 1 never joins the rendezvous rank 0 waits in ("hang": it sleeps), or
+# joins it after preparing its data, working, for 14 s ("prepare")
+BEFORE_GROUP = textwrap.dedent("""
+    import os, sys, time
+    import torch, torch.distributed as dist
+    how = sys.argv[1]
+    if os.environ["RANK"] == "1":
+        if how == "hang":
+            time.sleep(1000)
+        end = time.time() + 14
+        while time.time() < end:
+            sum(i * i for i in range(10000))
+    dist.init_process_group("gloo")
+    dist.barrier()
+""")
+
+
+def watch_in_process(tmp_path: Path, how: str, monkeypatch, source: str = NEVER_STEPPED) -> list[subprocess.Popen]:
     from hpc_train.runtime import watchdog
 
-    ranks, environ = start_plain_ranks(tmp_path, NEVER_STEPPED, how, TORCH_FR_BUFFER_SIZE="100")
+    ranks, environ = start_plain_ranks(tmp_path, source, how, TORCH_FR_BUFFER_SIZE="100")
     for key in ("HPC_TRAIN_JOB_FOLDER", "HPC_TRAIN_HEARTBEATS", "HPC_TRAIN_RUN", "HPC_TRAIN_NODES", "HPC_TRAIN_PROCS_PER_NODE"):
         monkeypatch.setenv(key, environ[key])
     monkeypatch.delenv("HPC_TRAIN_HANG_TIMEOUT", raising=False)
@@ -204,6 +221,24 @@ def test_a_plain_script_that_never_steps_but_keeps_communicating_is_not_a_hang(t
     assert not (tmp_path / "hangs.jsonl").exists(), err
     assert "no optimizer step yet" in err and "its collectives go on: not a hang" in err, err
     assert [r.returncode for r in ranks] == [0, 0]  # ran to its end: the watchdog let it
+
+
+def test_a_rank_that_never_joins_the_rendezvous_is_named_by_stacks_and_cpu_that_stand_still(tmp_path, monkeypatch, capfd):
+    watch_in_process(tmp_path, "hang", monkeypatch, BEFORE_GROUP)
+    err = capfd.readouterr().err
+    [hang] = [json.loads(line) for line in (tmp_path / "hangs.jsonl").read_text().splitlines()]
+    assert hang["limit"] == "start-up allowance", hang
+    assert [c["rank"] for c in hang["culprits"]] == [1], err  # not in the rendezvous rank 0 waits in
+    line = BEFORE_GROUP.splitlines().index("        time.sleep(1000)") + 1
+    assert f'plain.py", line {line} in <module>' in (tmp_path / "dumps" / "run-1" / "rank-1.txt").read_text()
+
+
+def test_a_rank_that_works_before_it_joins_the_rendezvous_is_not_a_hang(tmp_path, monkeypatch, capfd):
+    ranks = watch_in_process(tmp_path, "prepare", monkeypatch, BEFORE_GROUP)
+    err = capfd.readouterr().err
+    assert not (tmp_path / "hangs.jsonl").exists(), err
+    assert "but rank 1 works (" in err and "s of CPU in 5 s): not a hang" in err, err
+    assert [r.returncode for r in ranks] == [0, 0]  # it joined, and both ran to the end
 
 
 def test_a_python_started_by_a_rank_does_not_beat_as_that_rank(tmp_path):

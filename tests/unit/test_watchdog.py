@@ -196,3 +196,16 @@ def test_plain_scripts_get_a_longer_learned_limit_than_runtime_scripts(tmp_path)
     assert limit(settings(tmp_path, None), runtime, clock)[0] == watchdog.FLOOR_S
     assert limit(settings(tmp_path, None), plain, clock)[0] == watchdog.PLAIN_FLOOR_S
     assert limit(settings(tmp_path, 42), plain, clock) == (42, "--hang-timeout")
+
+
+def dump(cpu: float, stack: str = 'File "/jobs/train.py", line 44 in <module>') -> str:
+    return f"rank 0 on n1 (pid 7), 0 steps this run, last at 03:20:23, cpu {cpu:.3f} s\nThread 0x00007f00 (most recent call first):\n  {stack}\n"
+
+
+def test_ranks_sit_still_only_with_the_same_stack_and_next_to_no_cpu():
+    assert watchdog.sat_still({0: dump(1.0), 1: dump(2.0)}, {0: dump(1.01), 1: dump(2.2)}) == ""
+    assert "rank 1 works (3.0 s of CPU in 5 s)" in watchdog.sat_still({0: dump(1.0), 1: dump(2.0)}, {0: dump(1.0), 1: dump(5.0)})
+    moved = {0: dump(1.0, 'File "/jobs/train.py", line 45 in <module>')}
+    assert "rank 0 moves" in watchdog.sat_still({0: dump(1.0)}, moved)
+    assert "not every rank answered" in watchdog.sat_still({0: dump(1.0), 1: dump(1.0)}, {0: dump(1.0)})
+    assert "does not say its CPU time" in watchdog.sat_still({0: dump(1.0)}, {0: dump(1.0).replace(", cpu 1.000 s", "")})
