@@ -18,14 +18,18 @@ training is blocked per save (the slowest rank's), and the time until the save i
 Targets: async sharded blocks for <= 0.1x the sync rank-0 save; the sharded save's total time is
 <= 1.5 / ranks x rank 0 alone's.
 
+Then DeepSpeed (ZeRO-2, Adam) on the same ranks and model: its engine's save, sync and async (the state
+dicts copied into kept buffers, written by the checkpoint writer thread); target: async blocks <= 0.1x.
+
     .venv/bin/python bench/checkpoint.py [--sizes 200,1000] [--repeats 3] [--folder /tmp/x]
-                                         [--ranks 4] [--sharded-mb 200] [--only sharded|single]
+                                         [--ranks 4] [--sharded-mb 200] [--only sharded|deepspeed|single]
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import shutil
 import statistics
@@ -187,6 +191,39 @@ def sharded_worker(megabytes: int, repeats: int, root: Path) -> None:
     ctx.shutdown()
 
 
+def deepspeed_worker(megabytes: int, repeats: int, root: Path) -> None:
+    """One rank of the DeepSpeed benchmark (ZeRO-2, Adam): the engine's own save, sync and async, interleaved."""
+    from hpc_train.runtime.checkpoint import COMMIT, Checkpointer
+    from hpc_train.runtime.context import init
+
+    ctx = init("deepspeed", metrics=False)
+    torch.manual_seed(0)
+    model = model_of(megabytes)
+    model, _ = ctx.prepare(model, torch.optim.Adam(model.parameters(), lr=1e-3))
+    ctx.backward(model(torch.randn(2, 2048)).pow(2).mean())
+    ctx.step()
+    modes = {"sync": False, "async": True}
+    ckpts = {name: Checkpointer(ctx, root / f"deepspeed-{name}", keep=1, async_save=on) for name, on in modes.items()}
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in modes}
+    for i in range(repeats + 1):  # the first round warms up: staging buffers, files, page cache
+        for name in list(modes)[i % 2 :] + list(modes)[: i % 2]:
+            sample = one_save(ctx, ckpts[name], i + 1)
+            if i:
+                samples[name].append(sample)
+    for ckpt in ckpts.values():
+        ckpt.close()
+    if ctx.is_main:
+        newest = next((root / "deepspeed-sync").glob("step-*"))
+        files = json.loads((newest / COMMIT).read_text())["files"]
+        print(f"\nDeepSpeed ZeRO-2 over {ctx.world_size} gloo ranks, {sum(files.values()) / 2**20:.0f} MiB of engine files:")
+        times = {name: tuple(statistics.median(x[k] for x in pairs) for k in (0, 1)) for name, pairs in samples.items()}
+        for name, (blocked, done) in times.items():
+            print(f"{name:>22} {blocked:>15.3f}s {done:>15.3f}s")
+        ratio = times["async"][0] / times["sync"][0]
+        print(f"blocking, async / sync engine save: {ratio:.3f}x  {'met' if ratio <= TARGET else 'NOT met'} (target <= {TARGET})")
+    ctx.shutdown()
+
+
 def print_sharded(samples: dict[str, list[tuple[float, float]]], state_mib: float, ranks: int, disk: float) -> None:
     print(f"\n{ranks} gloo ranks on {os.cpu_count()} cores, {state_mib:.0f} MiB of state (parameters + momentum):")
     print(f"{'save':>22} {'blocks training':>16} {'committed after':>16} {'(lowest-highest)':>17}")
@@ -217,9 +254,9 @@ def print_sharded(samples: dict[str, list[tuple[float, float]]], state_mib: floa
     )
 
 
-def sharded(ranks: int, megabytes: int, repeats: int, root: Path) -> None:
+def sharded(ranks: int, megabytes: int, repeats: int, root: Path, worker_kind: str = "--worker") -> None:
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port", "29533"]
-    worker = [__file__, "--worker", "--sharded-mb", str(megabytes), "--repeats", str(repeats), "--folder", str(root)]
+    worker = [__file__, worker_kind, "--sharded-mb", str(megabytes), "--repeats", str(repeats), "--folder", str(root)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     subprocess.run([*launch, *worker], check=True, env=env)
 
@@ -231,18 +268,24 @@ def main() -> None:
     parser.add_argument("--folder", help="where to write (default: a temporary folder)")
     parser.add_argument("--ranks", type=int, default=4, help="processes of the sharded benchmark")
     parser.add_argument("--sharded-mb", type=int, default=200, help="parameters of the sharded benchmark's model")
-    parser.add_argument("--only", choices=("single", "sharded"), help="run one part")
+    parser.add_argument("--only", choices=("single", "sharded", "deepspeed"), help="run one part")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--deepspeed-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         sharded_worker(args.sharded_mb, args.repeats, Path(args.folder))
         return
+    if args.deepspeed_worker:
+        deepspeed_worker(args.sharded_mb, args.repeats, Path(args.folder))
+        return
     root = Path(args.folder or tempfile.mkdtemp(prefix="hpc_train-ckpt-bench-"))
     root.mkdir(parents=True, exist_ok=True)
     try:
-        if args.only != "single":
+        if args.only in (None, "sharded"):
             sharded(args.ranks, args.sharded_mb, args.repeats, root)
-        if args.only == "sharded":
+        if args.only in (None, "deepspeed"):
+            sharded(args.ranks, args.sharded_mb, args.repeats, root, "--deepspeed-worker")
+        if args.only in ("sharded", "deepspeed"):
             return
         print(
             f"{'model':>9} {'torch.save':>11} {'sync save':>10} {'async blocks':>13} {'async done':>11} "

@@ -7,10 +7,11 @@ import json
 import math
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hpc_train_plugins import deepspeed_reshard
+from hpc_train_plugins import deepspeed_async, deepspeed_reshard
 
 from hpc_train.contract import ENV_CHECKPOINT_DIR, ENV_PARALLEL
 from hpc_train.runtime.base import BackendRuntime
@@ -117,7 +118,31 @@ class DeepSpeedRuntime(BackendRuntime):
 
     def write_engine_state(self, folder: str) -> None:
         # every rank must call save_checkpoint (rank 0 alone hangs)
-        self.model.save_checkpoint(folder, tag="engine")
+        self.model.save_checkpoint(folder, tag=deepspeed_reshard.TAG)
+
+    def start_engine_state(self, folder: str) -> Callable[[], None] | None:
+        """The engine's save with its files written in the background: DeepSpeed builds the state dicts,
+        they are copied into kept buffers now, and written when the checkpoint writer calls the waiter."""
+        engine = self.model
+        staging = self.__dict__.setdefault("_engine_staging", {})
+        deferred = deepspeed_async.DeferredWrites(engine.checkpoint_engine, staging, self._writers_group())
+        own, engine.checkpoint_engine = engine.checkpoint_engine, deferred
+        try:
+            engine.save_checkpoint(folder, tag=deepspeed_reshard.TAG)  # every rank, as for a synchronous save
+        finally:
+            engine.checkpoint_engine = own
+        return deferred.write_all
+
+    def _writers_group(self) -> Any:
+        """A gloo group of the ranks' writer threads, made at the first async save (every rank is there):
+        their barrier never interleaves with training's collectives."""
+        if self.env.world_size == 1:
+            return None
+        if "_writers" not in self.__dict__:
+            import torch.distributed as dist
+
+            self.__dict__["_writers"] = dist.new_group(backend="gloo")
+        return self.__dict__["_writers"]
 
     def reshard_refusal(self) -> str | None:
         if self.pipeline_microbatches is not None or (self.parallel is not None and self.parallel.pp_size > 1):

@@ -19,7 +19,7 @@ STEPS, STOP = 10, 5
 
 
 def launch(
-    tmp: Path, name: str, backend: str, procs: int, *args: str, resume_from: Path | None = None
+    tmp: Path, name: str, backend: str, procs: int, *args: str, resume_from: Path | None = None, **extra: str
 ) -> subprocess.CompletedProcess:
     folder = tmp / name
     folder.mkdir()
@@ -32,6 +32,7 @@ def launch(
         "HPC_TRAIN_METRICS": "0",
         "HPC_TRAIN_JOB_FOLDER": str(folder),
         "HPC_TRAIN_CHECKPOINT_DIR": str(folder / "checkpoints"),
+        **extra,
     }
     if resume_from is not None:
         env["HPC_TRAIN_RESUME_FROM"] = str(resume_from)
@@ -39,8 +40,10 @@ def launch(
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
 
 
-def run(tmp: Path, name: str, backend: str, procs: int, *args: str, resume_from: Path | None = None) -> dict[int, dict]:
-    out = launch(tmp, name, backend, procs, *args, resume_from=resume_from)
+def run(
+    tmp: Path, name: str, backend: str, procs: int, *args: str, resume_from: Path | None = None, **extra: str
+) -> dict[int, dict]:
+    out = launch(tmp, name, backend, procs, *args, resume_from=resume_from, **extra)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     rows = (tmp / name / "resume_steps.jsonl").read_text().splitlines()
     return {row["step"]: row for row in map(json.loads, rows)}
@@ -107,3 +110,19 @@ def test_deepspeed_state_the_converter_does_not_know_keeps_its_world_size(tmp_pa
     assert not (tmp_path / "one" / "resume_steps.jsonl").exists()  # refused before the first step
     render = render_resume(source, 1)
     assert render.returncode == 78 and "--resume-from" in render.stderr and reason in render.stderr, render.stderr
+
+
+def test_deepspeed_async_saves_commit_the_engine_files_and_resume_as_if_uninterrupted(tmp_path):
+    adam = ("--batch-size", "8", "--adam")
+    straight = run(tmp_path, "straight", "deepspeed", 2, *adam)
+    background = {"HPC_TRAIN_ASYNC_CHECKPOINT": "1", "HPC_TRAIN_CHECKPOINT_EVERY": "2", "HPC_TRAIN_KEEP_CHECKPOINTS": "3"}
+    run(tmp_path, "first", "deepspeed", 2, *adam, "--stop-at", str(STOP), **background)
+    source = tmp_path / "first" / "checkpoints"
+    assert sorted(p.name for p in source.iterdir()) == [f"step-{s:08d}" for s in (2, 4, 5)]  # every save committed
+    commit = json.loads((source / f"step-{STOP:08d}" / "COMMIT").read_text())
+    engine = {name for name in commit["files"] if name.startswith("engine/engine/")}
+    assert {f"engine/engine/zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)} <= engine, commit
+    assert all(commit["files"][name] > 0 and commit["digests"][name] for name in engine)
+    resumed = run(tmp_path, "resumed", "deepspeed", 2, *adam, resume_from=source, **background)
+    assert sorted(resumed) == list(range(STOP + 1, STEPS + 1))
+    same_as(straight, resumed, 2)
