@@ -176,19 +176,26 @@ def sharded_worker(megabytes: int, repeats: int, root: Path) -> None:
         "async, sharded": dict(writers=None, async_save=True),
     }
     ckpts = {name: Checkpointer(ctx, root / f"mode-{i}", keep=1, **kw) for i, (name, kw) in enumerate(modes.items())}
-    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in modes}
-    # the modes interleaved, their order rotating: a shared 2-core machine drifts more than they differ
-    for i in range(repeats + 1):  # the first round warms up: staging buffers, files, page cache
-        names = list(modes)
+    samples = interleaved(ctx, ckpts, repeats)
+    if ctx.is_main:
+        print_sharded(samples, state, ctx.world_size, disk_time(state, root))
+    ctx.shutdown()
+
+
+def interleaved(ctx: Any, ckpts: dict[str, Any], repeats: int) -> dict[str, list[tuple[float, float]]]:
+    """Each checkpointer's saves, blocked and committed times, the modes interleaved in a rotating order
+    (a shared 2-core machine drifts more than they differ); the first round only warms up (staging
+    buffers, files, page cache). The checkpointers are closed after."""
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in ckpts}
+    names = list(ckpts)
+    for i in range(repeats + 1):
         for name in names[i % len(names) :] + names[: i % len(names)]:
             sample = one_save(ctx, ckpts[name], i + 1)
             if i:
                 samples[name].append(sample)
     for ckpt in ckpts.values():
         ckpt.close()
-    if ctx.is_main:
-        print_sharded(samples, state, ctx.world_size, disk_time(state, root))
-    ctx.shutdown()
+    return samples
 
 
 def deepspeed_worker(megabytes: int, repeats: int, root: Path) -> None:
@@ -204,14 +211,7 @@ def deepspeed_worker(megabytes: int, repeats: int, root: Path) -> None:
     ctx.step()
     modes = {"sync": False, "async": True}
     ckpts = {name: Checkpointer(ctx, root / f"deepspeed-{name}", keep=1, async_save=on) for name, on in modes.items()}
-    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in modes}
-    for i in range(repeats + 1):  # the first round warms up: staging buffers, files, page cache
-        for name in list(modes)[i % 2 :] + list(modes)[: i % 2]:
-            sample = one_save(ctx, ckpts[name], i + 1)
-            if i:
-                samples[name].append(sample)
-    for ckpt in ckpts.values():
-        ckpt.close()
+    samples = interleaved(ctx, ckpts, repeats)
     if ctx.is_main:
         newest = next((root / "deepspeed-sync").glob("step-*"))
         files = json.loads((newest / COMMIT).read_text())["files"]

@@ -211,40 +211,42 @@ def wait_for_hang(settings: Settings, step_alive: Any) -> tuple[dict[str, Any], 
                 )
                 since = time.time()
                 continue
-            plain = all(b.get("plain") for b in hang["beats"].values())
-            silent = len(dumps) < len(hang["beats"])  # a stopped rank, or one stuck holding the GIL
-            if not plain:
+            if not all(b.get("plain") for b in hang["beats"].values()):
                 return hang, folder, dumps
-            if silent or any(waiting(main_stack(d)) for d in dumps.values()):
-                if stepped(hang["beats"]):
-                    return hang, folder, dumps
-                # before its first step a plain script may be one that never steps (an evaluation): its
-                # collectives, not its optimizer, say whether it moves
-                attempt += 1
-                first = dumps
-                moved, dumps = collectives_moved(settings, hang["beats"], folder, attempt)
-                if moved == NO_RECORD:  # no process group yet (a rendezvous that one rank never joins)
-                    moved = sat_still(first, dumps)
-                if not moved:
-                    return hang, folder, dumps
-                log(f"run {settings.run}: no optimizer step yet after {hang['quiet_s']:g} s, but {moved}: not a hang")
-            else:
-                # no rank in a collective: stuck all the same if every rank sits still, stack and CPU
-                attempt += 1
-                time.sleep(RECHECK_S)
-                first, (folder, dumps) = dumps, collect_dumps(settings, hang["beats"], attempt)
-                why = sat_still(first, dumps)
-                if not why and step_alive() and not resumed(hang["beats"], read_beats(settings.heartbeats, settings.run)):
-                    return hang, folder, dumps
-                log(
-                    f"run {settings.run}: no optimizer step for {hang['quiet_s']:g} s, but no rank waits in a collective "
-                    f"and {why or 'it moved again'}: not a hang"
-                )
+            attempt += 1  # the plain rules may look once more
+            why, dumps = plain_moves(settings, hang, folder, dumps, attempt, step_alive)
+            if not why:
+                return hang, folder, dumps
+            log(f"run {settings.run}: {why}: not a hang")
         except OSError as exc:  # no report, but the hang is still ended
             log(f"hang in run {settings.run}; its stacks could not be collected: {exc}")
             return hang, dump_folder(settings.job_folder, settings.run), {}
         since = time.time()
     return None
+
+
+def plain_moves(
+    settings: Settings, hang: dict[str, Any], folder: Path, dumps: dict[int, str], attempt: int, step_alive: Any
+) -> tuple[str, dict[int, str]]:
+    """Why a quiet plain script is not stuck ("" when it is), and the newest stacks. A rank that waits in
+    a collective or does not answer is stuck once the script has stepped; before, only if the collectives
+    do not move (an evaluation that never steps communicates), or, with no flight record (no process group
+    yet), if every rank sits still. With no rank in a collective, every rank must sit still."""
+    beats = hang["beats"]
+    if len(dumps) < len(beats) or any(waiting(main_stack(d)) for d in dumps.values()):
+        if stepped(beats):
+            return "", dumps
+        moved, second = collectives_moved(settings, beats, folder, attempt)
+        if moved == NO_RECORD:  # a rendezvous that one rank never joins
+            moved = sat_still(dumps, second)
+        return (f"no optimizer step yet after {hang['quiet_s']:g} s, but {moved}" if moved else ""), second
+    time.sleep(RECHECK_S)
+    _, second = collect_dumps(settings, beats, attempt)
+    why = sat_still(dumps, second)
+    if not why and (not step_alive() or resumed(beats, read_beats(settings.heartbeats, settings.run))):
+        why = "it moved again or ended"
+    quiet = f"no optimizer step for {hang['quiet_s']:g} s"
+    return (f"{quiet}, but no rank waits in a collective and {why}" if why else ""), second
 
 
 def resumed(before: dict[int, dict[str, Any]], after: dict[int, dict[str, Any]]) -> bool:
