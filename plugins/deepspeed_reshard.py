@@ -10,11 +10,13 @@ it; the conversion is removed once loaded. ZeRO-0 keeps one full state that load
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import io
+import json
+import os
 import re
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,10 @@ from typing import Any
 TAG = "engine"
 #: where the conversion is written, in the job's checkpoint folder: ignored by restore (no ``step-`` name)
 SCRATCH = "universal.tmp"
+#: rank 0's word to the other ranks that the conversion is done (or failed), in the scratch folder
+OUTCOME = "outcome.json"
+#: worker processes of the converter at most (each holds some of the state's tensors)
+MAX_WORKERS = 8
 #: the optimizer state DeepSpeed's converter knows how to rewrite
 ADAM_STATE = frozenset({"exp_avg", "exp_avg_sq", "step"})
 _PARTITION = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt")
@@ -58,29 +64,40 @@ def unconvertible(optimizer: Any) -> str | None:
 def convert(source: Path, target: Path) -> str | None:
     """Write the universal form of the ZeRO checkpoint in ``source`` to ``target``; what went wrong, or None.
 
-    DeepSpeed's converter prints its progress: kept, and shown only when it fails.
+    DeepSpeed's converter runs as its own process: its worker processes then fork a plain python (not a
+    rank, process group and threads and all), it uses the cores this rank may use, and the memory it
+    needs (about the whole state) is returned when it ends. What it prints is shown only when it fails.
     """
-    from deepspeed.checkpoint import ds_to_universal
-
     shutil.rmtree(target, ignore_errors=True)  # a conversion a killed job left behind
-    args = argparse.Namespace(
-        input_folder=str(source),
-        output_folder=str(target),
-        num_extract_workers=1,  # its worker processes would fork this rank, process group and all
-        num_merge_workers=1,
-        keep_temp_folder=False,
-        strict=True,
-        inject_missing_state=True,  # hpc_train's scripts are not Megatron's: the version tag is all that is missing
-    )
-    said = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
-            ds_to_universal.main(args)
-    except Exception as exc:  # reported on every rank, and the checkpoint before is tried
-        shutil.rmtree(target, ignore_errors=True)
-        tail = " | ".join(said.getvalue().strip().splitlines()[-3:])
-        return f"{type(exc).__name__}: {exc}" + (f" (the converter said: {tail})" if tail else "")
-    return None
+    workers = str(max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0)))))
+    command = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(source),
+               "--output_folder", str(target), "--num_extract_workers", workers, "--num_merge_workers", workers,
+               "--inject_missing_state"]  # fmt: skip  # hpc_train's scripts are not Megatron's: a version tag is all that lacks
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode == 0:
+        return None
+    shutil.rmtree(target, ignore_errors=True)
+    said = [line for line in (done.stderr + done.stdout).strip().splitlines() if line.strip()]
+    error = next((line for line in reversed(said) if "Error" in line), said[-1] if said else "")
+    return f"DeepSpeed's converter exited with {done.returncode}" + (f": {error.strip()}" if error else "")
+
+
+def write_outcome(folder: Path, problem: str | None) -> None:
+    """Rank 0, after converting: what the other ranks wait for (a file, not a collective: a large state
+    converts for longer than a collective may wait)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    aside = folder / f".{OUTCOME}.tmp"
+    aside.write_text(json.dumps({"problem": problem}))
+    os.replace(aside, folder / OUTCOME)
+
+
+def wait_for_outcome(folder: Path, poll_s: float = 1.0) -> str | None:
+    """The other ranks: rank 0's outcome, once it has written it; its problem, or None."""
+    while True:
+        try:
+            return json.loads((folder / OUTCOME).read_text())["problem"]  # type: ignore[no-any-return]
+        except (OSError, ValueError, KeyError):
+            time.sleep(poll_s)
 
 
 def scratch_folder(checkpoints: str | None) -> Path:

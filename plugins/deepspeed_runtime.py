@@ -181,11 +181,19 @@ class DeepSpeedRuntime(BackendRuntime):
     def _load_resharded(self, folder: Path, saved: int) -> None:
         """Rank 0 converts the partitions of ``saved`` ranks to a universal checkpoint, every rank loads it."""
         scratch = deepspeed_reshard.scratch_folder(os.environ.get(ENV_CHECKPOINT_DIR))
-        tagged = folder / deepspeed_reshard.TAG
-        problem = deepspeed_reshard.convert(tagged, scratch / deepspeed_reshard.TAG) if self.env.rank == 0 else None
-        problems = [p for p in self.gather_object(problem) if p]
-        if problems:
-            raise RuntimeError(f"converting the ZeRO partitions of {saved} ranks to a universal checkpoint failed: {problems[0]}")
+        if self.env.rank == 0:
+            shutil.rmtree(scratch, ignore_errors=True)  # no outcome of an earlier attempt is read
+        self.barrier()
+        if self.env.rank == 0:
+            problem = deepspeed_reshard.convert(folder / deepspeed_reshard.TAG, scratch / deepspeed_reshard.TAG)
+            deepspeed_reshard.write_outcome(scratch, problem)
+        else:
+            problem = deepspeed_reshard.wait_for_outcome(scratch)
+        if problem:
+            self.barrier()  # every rank has read the outcome
+            if self.env.rank == 0:
+                shutil.rmtree(scratch, ignore_errors=True)
+            raise RuntimeError(f"converting the ZeRO partitions of {saved} ranks to a universal checkpoint failed: {problem}")
         try:
             self._load_engine(str(scratch), universal=True)
         finally:

@@ -45,5 +45,21 @@ def test_a_failed_conversion_is_a_message_and_leaves_nothing(tmp_path):
     source.mkdir()
     (source / "mp_rank_00_model_states.pt").write_bytes(b"not a checkpoint")
     problem = deepspeed_reshard.convert(source, target)
-    assert problem is not None and problem.split(":")[0].isidentifier(), problem  # "<ExceptionName>: ..."
+    assert problem is not None and problem.startswith("DeepSpeed's converter exited with 1: FileNotFoundError"), problem
+    assert "optim_states.pt" in problem  # the converter's own last word, not its traceback
     assert not target.exists()
+
+
+def test_the_other_ranks_wait_for_rank_0s_outcome_in_a_file(tmp_path):
+    import threading
+
+    found: list[str | None] = []
+    waiter = threading.Thread(target=lambda: found.append(deepspeed_reshard.wait_for_outcome(tmp_path, poll_s=0.05)))
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive()  # nothing written yet: still waiting
+    deepspeed_reshard.write_outcome(tmp_path, "the converter ran out of memory")
+    waiter.join(5)
+    assert found == ["the converter ran out of memory"]
+    deepspeed_reshard.write_outcome(tmp_path, None)
+    assert deepspeed_reshard.wait_for_outcome(tmp_path) is None
