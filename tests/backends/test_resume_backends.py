@@ -55,13 +55,11 @@ def test_a_2_process_run_continues_as_1_process_with_the_same_samples_and_losses
     run(tmp_path, "first", backend, 2, "--batch-size", "8", "--stop-at", str(STOP))
     resumed = run(tmp_path, "resumed", backend, 1, "--batch-size", "8", resume_from=tmp_path / "first" / "checkpoints")
     assert sorted(resumed) == list(range(STOP + 1, STEPS + 1))
-    for step, row in resumed.items():
-        assert (row["world_size"], row["per_rank_batch"]) == (1, 16)  # the global batch of 16 kept
-        assert row["samples"] == straight[step]["samples"], step
-        assert abs(row["loss"] - straight[step]["loss"]) <= 1e-5 * abs(straight[step]["loss"]) + 1e-7, (step, row)
+    same_as(straight, resumed, 1)
 
 
 def same_as(straight: dict[int, dict], resumed: dict[int, dict], world: int) -> None:
+    """Each resumed step read the samples of the uninterrupted run's step, and its loss matches."""
     for step, row in resumed.items():
         assert (row["world_size"], row["per_rank_batch"]) == (world, 16 // world), step  # the global batch of 16 kept
         assert row["samples"] == straight[step]["samples"], step
@@ -77,9 +75,17 @@ def render_resume(source: Path, procs: int) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-def test_deepspeed_zero_partitions_continue_at_another_world_size_and_back(tmp_path):
-    adam = ("--batch-size", "8", "--adam")
-    straight = run(tmp_path, "straight", "deepspeed", 2, *adam)
+ADAM = ("--batch-size", "8", "--adam")  # the optimizer state DeepSpeed's universal checkpoint converts
+
+
+@pytest.fixture(scope="module")
+def adam_straight(tmp_path_factory) -> dict[int, dict]:
+    """The uninterrupted 2-process DeepSpeed run the Adam tests compare with."""
+    return run(tmp_path_factory.mktemp("deepspeed"), "straight", "deepspeed", 2, *ADAM)
+
+
+def test_deepspeed_zero_partitions_continue_at_another_world_size_and_back(tmp_path, adam_straight):
+    adam, straight = ADAM, adam_straight
     run(tmp_path, "first", "deepspeed", 2, *adam, "--stop-at", str(STOP))
     source = tmp_path / "first" / "checkpoints"
     assert len(list(source.glob("step-*/engine/engine/zero_pp_rank_*_optim_states.pt"))) == 2  # ZeRO-2: partitioned
@@ -112,9 +118,8 @@ def test_deepspeed_state_the_converter_does_not_know_keeps_its_world_size(tmp_pa
     assert render.returncode == 78 and "--resume-from" in render.stderr and reason in render.stderr, render.stderr
 
 
-def test_deepspeed_async_saves_commit_the_engine_files_and_resume_as_if_uninterrupted(tmp_path):
-    adam = ("--batch-size", "8", "--adam")
-    straight = run(tmp_path, "straight", "deepspeed", 2, *adam)
+def test_deepspeed_async_saves_commit_the_engine_files_and_resume_as_if_uninterrupted(tmp_path, adam_straight):
+    adam, straight = ADAM, adam_straight
     background = {"HPC_TRAIN_ASYNC_CHECKPOINT": "1", "HPC_TRAIN_CHECKPOINT_EVERY": "2", "HPC_TRAIN_KEEP_CHECKPOINTS": "3"}
     run(tmp_path, "first", "deepspeed", 2, *adam, "--stop-at", str(STOP), **background)
     source = tmp_path / "first" / "checkpoints"
