@@ -185,7 +185,10 @@ class DeepSpeedRuntime(BackendRuntime):
             shutil.rmtree(scratch, ignore_errors=True)  # no outcome of an earlier attempt is read
         self.barrier()
         if self.env.rank == 0:
-            problem = deepspeed_reshard.convert(folder / deepspeed_reshard.TAG, scratch / deepspeed_reshard.TAG)
+            try:
+                problem = deepspeed_reshard.convert(folder / deepspeed_reshard.TAG, scratch / deepspeed_reshard.TAG)
+            except Exception as exc:  # the others wait for an outcome: they get this one
+                problem = f"{type(exc).__name__}: {exc}"
             deepspeed_reshard.write_outcome(scratch, problem)
         else:
             problem = deepspeed_reshard.wait_for_outcome(scratch)
