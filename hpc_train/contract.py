@@ -17,6 +17,8 @@ RUNS = "runs"  # the run counter: the batch script adds one at the start of ever
 LAST_RUN = "last_run"  # "RUN STATUS requeued|ended", written by the batch script as each run ends
 CHECKPOINTS = "checkpoints"  # HPC_TRAIN_CHECKPOINT_DIR: step-N/ folders with a COMMIT marker
 COMMIT = "COMMIT"  # in a step-N/ folder: written last, so the checkpoint is complete
+LOCAL_NEWEST = "local_newest.json"  # in CHECKPOINTS: the newest step committed on node-local storage
+LOCAL_TIER_ID = "local_tier_id.json"  # in CHECKPOINTS: names the job's node-local folders (job ids recycle)
 STOP_REQUESTED = "stop_requested"  # HPC_TRAIN_STOP_FILE: the batch shell got the scheduler's warning
 REQUEUE_REQUESTED = "requeue_requested"  # HPC_TRAIN_REQUEUED_FILE: rank 0 requeued; Slurm ends the run
 NO_RETRY = "no_retry"  # HPC_TRAIN_NO_RETRY_FILE: why --on-failure requeue must not retry this run
@@ -62,6 +64,7 @@ ENV_CHECKPOINT_EVERY = "HPC_TRAIN_CHECKPOINT_EVERY"  # save every N steps ("0": 
 ENV_KEEP_CHECKPOINTS = "HPC_TRAIN_KEEP_CHECKPOINTS"  # committed checkpoints kept: plan
 ENV_ASYNC_CHECKPOINT = "HPC_TRAIN_ASYNC_CHECKPOINT"  # "1": write checkpoints in the background: plan
 ENV_RESTART_FROM_SCRATCH = "HPC_TRAIN_RESTART_FROM_SCRATCH"  # "1": set old checkpoints aside, start at step 0: plan
+ENV_LOCAL_CHECKPOINT_DIR = "HPC_TRAIN_LOCAL_CHECKPOINT_DIR"  # the site's node-local folder, unexpanded: plan
 ENV_RESUME_FROM = "HPC_TRAIN_RESUME_FROM"  # --resume-from: the absolute checkpoint folder of the job resumed: plan
 
 # metrics
@@ -140,3 +143,16 @@ def committed(folder: Path) -> list[tuple[int, Path]]:
                 except ValueError:
                     continue
     return sorted(found, reverse=True)
+
+
+def newest_step(folder: Path) -> int:
+    """The newest step committed anywhere: in ``folder``, or on node-local storage (its record there); -1: none."""
+    import json  # only here: the module imports nothing
+
+    found = committed(folder)
+    shared = found[0][0] if found else -1
+    try:
+        local = int(json.loads((folder / LOCAL_NEWEST).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        local = -1
+    return max(shared, local)

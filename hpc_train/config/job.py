@@ -319,6 +319,13 @@ class JobSpec(Model):
     async_checkpoint: bool | None = setting(
         None, "write periodic checkpoints in the background", group=PREEMPTION, env=contract.ENV_ASYNC_CHECKPOINT
     )
+    local_checkpoints: bool | None = setting(
+        None,
+        "save to the site's node-local storage first (default: where the site names it)",
+        group=PREEMPTION,
+        help="save checkpoints to the site's node-local storage first (checkpoint_local_dir), copy them to a partner "
+        "node and drain them to shared storage in the background (default: on where the site names a folder)",
+    )
     restart_from_scratch: bool | None = setting(
         None,
         "when checkpoints exist but none loads, set them aside and train from step 0 instead of failing",

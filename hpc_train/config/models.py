@@ -155,6 +155,15 @@ def _site_sbatch_key(key: str) -> str:
     return key
 
 
+def _local_dir(value: str | None) -> str | None:
+    # expanded on each node by the job (os.path.expandvars: variables only, never a command)
+    if value is None:
+        return None
+    if not value.startswith(("/", "$", "~")):
+        raise ValueError(f"{value!r} is not an absolute path: give one as each node sees it (/local/$USER, $SLURM_TMPDIR)")
+    return value
+
+
 def _template_name(value: str) -> str:
     # the renderer looks a name up in the site's template_dirs and the built-ins, never a path of its own
     name = value.removeprefix("default:")
@@ -302,6 +311,11 @@ class SiteConfig(Model):
         doc="named shared paths, exported as HPC_TRAIN_<NAME>_DIR", factory=dict
     )
     job_root: str = setting("~/hpc_train/jobs", "where job folders (logs, scripts, results) go; must be shared")
+    checkpoint_local_dir: Annotated[str | None, After(_local_dir)] = setting(
+        None,
+        "node-local storage for the checkpoints' fast tier, as each node sees it ($SLURM_TMPDIR, /local/$USER): "
+        "saves go there first, to a partner node, then to shared storage in the background; null: none",
+    )
     python: str | None = setting(None, "python on the compute nodes; default: the submitting interpreter")
     slurm_conf: str | None = setting(None, "SLURM_CONF for the login side, when not the system default")
     sbatch: SiteSbatch = setting(doc="extra #SBATCH options for every job", factory=dict)

@@ -21,6 +21,7 @@ import json
 import os
 import random
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from hpc_train import contract
 from hpc_train.contract import COMMIT, committed
 from hpc_train.resume_shape import SHAPE
-from hpc_train.runtime import resume, shard_save
+from hpc_train.runtime import commit_marker, local_tier, resume, shard_save
 from hpc_train.runtime.no_retry import refuse_retry
 from hpc_train.runtime.preemption import StopWatcher, log, requeue
 
@@ -42,7 +43,7 @@ ENGINE_DIR = "engine"
 EXIT_STOPPED = 3  # stopped for a time limit or preemption without a requeue: resubmit to continue
 # Measured with bench/checkpoint.py (x86-64 with SHA-NI): sha256 1.2-1.75 GB/s, blake2b 0.8-1.1 GB/s.
 # CPUs without SHA extensions reverse that; sha256 is also what `sha256sum` checks by hand.
-DIGEST = "sha256"
+DIGEST = commit_marker.DIGEST
 _CHUNK = 8 << 20
 _TORCH_WRITE_FAILED = ("unexpected pos", "file write failed", "failed writing")  # torch's own writer's words
 
@@ -103,15 +104,22 @@ def _engine_files(tmp: Path, digests: dict[str, str]) -> dict[str, int]:
     return {f"{ENGINE_DIR}/{name}": size for name, size in sizes.items()}
 
 
-def _small_files(tmp: Path, sizes: dict[str, int], digests: dict[str, str]) -> None:
+def _small_files(tmp: Path, digests: dict[str, str]) -> dict[str, int]:
     """Rank 0's plain files written before the shares (shape.json: what --resume-from reads): fsynced and
     listed in COMMIT with their digests, so a damaged one is found like any other file."""
     path = tmp / SHAPE
-    if path.is_file():
-        with open(path, "rb") as f:
-            digests[SHAPE] = _digest(f)
-            os.fsync(f.fileno())
-        sizes[SHAPE] = path.stat().st_size
+    if not path.is_file():
+        return {}
+    with open(path, "rb") as f:
+        digests[SHAPE] = _digest(f)
+        os.fsync(f.fileno())
+    return {SHAPE: path.stat().st_size}
+
+
+def _folder_files(tmp: Path, digests: dict[str, str], main: bool) -> dict[str, int]:
+    """What the folder's writer hashes besides its own share: the engine's files written beside it,
+    and on rank 0 shape.json."""
+    return {**_engine_files(tmp, digests), **(_small_files(tmp, digests) if main else {})}
 
 
 def _check_file(path: Path, name: str, size: int, digest: str | None, algorithm: str) -> str | None:
@@ -142,6 +150,21 @@ def _shares(sizes: dict[str, int], ranks: int) -> list[list[str]]:
         shares[lightest].append(name)
         load[lightest] += sizes[name]
     return shares
+
+
+def _manifest(reports: list[Any]) -> tuple[dict[str, int], dict[str, str]]:
+    """Every rank's sizes and digests as one checkpoint's (raises for ranks whose states disagree)."""
+    if len({structure for _, _, structure in reports}) > 1:
+        raise RuntimeError("the ranks' states differ in shapes or dtypes: they are not replicas of one state")
+    sizes: dict[str, int] = {}
+    digests: dict[str, str] = {}
+    for rank_sizes, rank_digests, _ in reports:
+        twice = [name for name in rank_digests if digests.get(name, rank_digests[name]) != rank_digests[name]]
+        if twice:
+            raise RuntimeError(f"{twice[0]} was written twice, with different contents (by ranks on two nodes)")
+        sizes.update(rank_sizes)
+        digests.update(rank_digests)
+    return sizes, digests
 
 
 def _tensor_bytes(obj: Any) -> int:
@@ -242,6 +265,22 @@ class Checkpointer:
         self._staging: dict[tuple[Any, ...], Any] = {}
         if ctx.is_main:
             self.folder.mkdir(parents=True, exist_ok=True)
+        self.tier = self._start_tier()
+
+    def _start_tier(self) -> local_tier.Tier | None:
+        """The node-local tier, where the site names a node-local folder (a collective: every rank or none)."""
+        problem = None
+        try:
+            base = local_tier.local_base(os.environ)
+        except ValueError as exc:
+            base, problem = None, f"{socket.gethostname()}: {exc}"
+        problems = [p for p in self.ctx.runtime.gather_object(problem) if p]
+        if problems:
+            raise CheckpointError(
+                f"the node-local checkpoint folder ({contract.ENV_LOCAL_CHECKPOINT_DIR}) cannot be used: " + "; ".join(problems),
+                repeats=True,
+            )
+        return None if base is None else local_tier.Tier(self.ctx, base, self.folder, self.keep)
 
     # -- what is saved --------------------------------------------------------------------------
     def track(self, name: str, obj: Any) -> Any:
@@ -281,12 +320,16 @@ class Checkpointer:
         (training silently from step 0 would throw the run away), unless restart_from_scratch.
         """
         runtime = self.ctx.runtime
+        failed: list[tuple[int, Path, str]] = []  # what did not load, for the error if nothing does
+        if self.tier is not None:
+            step = self._restore_local(failed)
+            if step is not None:
+                return step
         # --resume-from, until this job has a checkpoint of its own (rank 0 decides: all ranks go one way)
-        other = runtime.gather_object(resume.source(self) if self.ctx.is_main else None)[0]
+        other = runtime.gather_object(resume.source(self) if self.ctx.is_main and not failed else None)[0]
         if other is not None:
             return resume.restore_from(self, other)
         candidates = runtime.gather_object(self.complete() if self.ctx.is_main else None)[0]
-        failed: list[tuple[int, Path, str]] = []
         for index, (step, path) in enumerate(candidates):
             problem = self._agreed(self.verify(path))  # a damaged file is never loaded
             if problem is None:
@@ -308,19 +351,62 @@ class Checkpointer:
             log(f"run {self.run}: no checkpoint in {self.folder}; starting from step 0")
         return 0
 
-    def verify(self, path: Path) -> str | None:
+    def _restore_local(self, failed: list[tuple[int, Path, str]]) -> int | None:
+        """The newest checkpoint the nodes hold between them, gathered into every node's own folder and
+        loaded from there; None when the shared folder has a newer one, or the copies do not load
+        (added to ``failed``: the shared folder's checkpoints are tried next)."""
+        assert self.tier is not None
+        runtime, started = self.ctx.runtime, time.monotonic()
+        shared = runtime.gather_object([s for s, _ in self.complete()] if self.ctx.is_main else None)[0]
+        choice = local_tier.choose(runtime.gather_object(self.tier.report()), shared)
+        if choice is None:
+            return None
+        self.tier.clear_leftovers()  # nothing writes now: what a killed writer left only takes room
+        counts: dict[str, int] = {}
+        try:
+            counts = self.tier.gather_here(choice)
+            problem = None
+        except Exception as exc:  # a peer gone, a full local disk: the shared copy may still do
+            problem = f"{socket.gethostname()}: {type(exc).__name__}: {exc}"
+        path = self.tier.final(choice.step)
+        problem = self._agreed(problem)
+        if problem is None:
+            problem = self._agreed(self.verify(path, local_tier.HELD))
+        if problem is None:
+            problem = self._agreed(self._try_load(path))
+        if problem is not None:
+            if self.ctx.is_main:
+                log(f"warning: the node-local copies of step {choice.step} do not load ({problem}); trying {self.folder}")
+            failed.append((choice.step, path, f"its node-local copies: {problem}"))
+            return None
+        resume.adapt(self.ctx, path)
+        self.last_saved = choice.step
+        found = runtime.gather_object(counts)
+        if self.ctx.is_main:
+            where = {k: sum(c.get(k, 0) for c in found) for k in ("here", "nodes", "shared")}
+            log(
+                f"run {self.run}: restored step {choice.step} from node-local storage in "
+                f"{time.monotonic() - started:.1f} s ({where['here']} files on their own node, {where['nodes']} "
+                f"from other nodes, {where['shared']} from {self.folder})"
+            )
+        return choice.step
+
+    def verify(self, path: Path, marker: str = COMMIT) -> str | None:
         """What is wrong with checkpoint ``path`` (sizes and digests against its COMMIT), or None.
 
-        Every rank checks its own share of the files; combine the answers with gather_object.
+        Every rank checks its own share of the files; combine the answers with gather_object. A
+        node-local copy (``marker`` HELD) is checked by its node's ranks: each node reads its own.
         """
         try:
-            commit = json.loads((path / COMMIT).read_text())
+            commit = json.loads((path / marker).read_text())
             sizes: dict[str, int] = commit["files"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             return f"its {COMMIT} marker is unreadable ({type(exc).__name__}: {exc})"
         digests: dict[str, str] = commit.get("digests") or {}  # markers before digests: sizes only
         algorithm = commit.get("digest", DIGEST)
-        share = _shares(sizes, self.ctx.world_size)[self.ctx.rank]
+        local = marker != COMMIT
+        ranks, rank = (self.ctx.local_world_size, self.ctx.local_rank) if local else (self.ctx.world_size, self.ctx.rank)
+        share = _shares(sizes, ranks)[rank]
         problems = [p for name in share if (p := _check_file(path, name, sizes[name], digests.get(name), algorithm))]
         return ", ".join(problems) or None
 
@@ -343,6 +429,8 @@ class Checkpointer:
         if not self.ctx.is_main:
             return
         for _, path, _ in failed:
+            if path.parent != self.folder:
+                continue  # a node-local copy: the next save supersedes it, and the shared copy stays the record
             aside = path.with_name(f"{path.name}.damaged-{self.run}")
             try:
                 os.replace(path, aside)
@@ -398,13 +486,14 @@ class Checkpointer:
         at once without async, else by the first ``step()``, ``wait()`` or ``save()`` after that."""
         runtime = self.ctx.runtime
         self._finish_pending()  # the next save waits for the previous one: committed, or raised everywhere
+        self._finish_drain()
         # every rank writes into it (its share, engine or sharded state): all must name the same folder
-        suffix = os.environ.get("SLURM_JOB_ID") or runtime.gather_object(os.getpid())[0]
-        tmp = self.folder / f"step-{step:08d}.tmp-{suffix}"
-        final = self.folder / f"step-{step:08d}"
-        if self.ctx.is_main:
+        suffix = str(os.environ.get("SLURM_JOB_ID") or runtime.gather_object(os.getpid())[0])
+        tmp, final = self._folders(step, suffix)
+        if self._writes_folder:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
+        if self.ctx.is_main:
             resume.write_shape(tmp, self.ctx)  # a later job may resume it at another shape
         runtime.barrier()
         background = self.async_save if wait is None else not wait
@@ -429,6 +518,17 @@ class Checkpointer:
         if not background:
             self._finish_pending()
         self.last_saved = step
+
+    def _folders(self, step: int, suffix: str) -> tuple[Path, Path]:
+        """Where this rank writes ``step`` and where it is committed: the shared folder, or this node's own."""
+        if self.tier is not None:
+            return self.tier.tmp(step, suffix), self.tier.final(step)
+        return self.folder / f"step-{step:08d}.tmp-{suffix}", self.folder / f"step-{step:08d}"
+
+    @property
+    def _writes_folder(self) -> bool:
+        """Whether this rank creates, hashes and removes the save's folder: rank 0, or each node's first rank."""
+        return self.ctx.is_main if self.tier is None else self.tier.leader
 
     def _share(self, step: int, tmp: Path, final: Path, payload: dict[str, Any], background: bool) -> shard_save.Share:
         """What this rank writes of ``payload``: its share of the replicated state; rank 0 also the rest.
@@ -455,7 +555,7 @@ class Checkpointer:
             files = {STATE_FILE: payload, **files}
         if background:  # training goes on changing the live tensors
             files = shard_save.snapshot(files, self._staging)
-        more = (lambda digests: _engine_files(tmp, digests)) if self.ctx.is_main else None
+        more = (lambda digests: _folder_files(tmp, digests, self.ctx.is_main)) if self._writes_folder else None
         return shard_save.Share(step, tmp, final, files, DIGEST, structure, needed, more)
 
     def _finish_pending(self) -> None:
@@ -472,12 +572,15 @@ class Checkpointer:
             who = f"rank {self.ctx.rank} writing its share" if self.ctx.world_size > 1 else ""
             self._abandon(share.tmp, share.step, share.error, share.needed, who)
         reports = runtime.gather_object((share.sizes, share.digests, share.fingerprint))
-        self._agree_on(self._commit(share, reports) if self.ctx.is_main else None)
+        if self.tier is not None:
+            self._commit_local(share, reports)
+        else:
+            self._agree_on(self._commit(share, reports) if self.ctx.is_main else None)
 
     def _abandon(self, tmp: Path, step: int, error: Exception | None, needed: int, who: str) -> None:
-        """Raise the first failing rank's error on every rank, after rank 0 removed the partial write
+        """Raise the first failing rank's error on every rank, after the partial write was removed
         (a collective, once any rank failed; ``error`` is None on the ranks that did not fail)."""
-        if self.ctx.is_main:
+        if self._writes_folder:
             shutil.rmtree(tmp, ignore_errors=True)
         self.ctx.runtime.barrier()  # so that a rank's report of free space counts the partial write as gone
         failure = None if error is None else self._failure(step, error, self._needed(needed), who)
@@ -486,29 +589,9 @@ class Checkpointer:
     def _commit(self, share: shard_save.Share, reports: list[Any]) -> CheckpointError | None:
         """Rank 0, once every rank's share is fsynced: the folder renamed into place, then COMMIT."""
         tmp, final, step = share.tmp, share.final, share.step
-        sizes: dict[str, int] = {}
-        digests: dict[str, str] = {}
-        for rank_sizes, rank_digests, _ in reports:
-            sizes.update(rank_sizes)
-            digests.update(rank_digests)
         try:
-            if len({structure for _, _, structure in reports}) > 1:
-                raise RuntimeError("the ranks' states differ in shapes or dtypes: they are not replicas of one state")
-            _small_files(tmp, sizes, digests)
-            shard_save.fsync_dir(tmp)
-            if final.exists():  # the same step saved again (a stop right after a periodic save)
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-            marker = final / f".{COMMIT}.tmp"
-            # "files" stays {name: size}: what markers without digests held, so older readers still work
-            marker.write_text(
-                json.dumps({"step": step, "files": sizes, "digest": DIGEST, "digests": digests, "committed_at": time.time()})
-            )
-            with open(marker, "rb") as f:
-                os.fsync(f.fileno())
-            os.replace(marker, final / COMMIT)
-            shard_save.fsync_dir(final)
-            shard_save.fsync_dir(self.folder)
+            sizes, digests = _manifest(reports)
+            commit_marker.commit(tmp, final, step, sizes, digests)
         except Exception as exc:  # ENOSPC on the marker, a rename refused
             shutil.rmtree(tmp, ignore_errors=True)
             if final.exists() and not (final / COMMIT).exists():
@@ -518,9 +601,59 @@ class Checkpointer:
         log(f"saved step {step} to {final}")
         return None
 
+    def _commit_local(self, share: shard_save.Share, reports: list[Any]) -> None:
+        """Every node's leader seals its part of the save with HELD; then the partner copy and the drain
+        start in the background. A collective: a node's failure is raised on every rank."""
+        failure = None
+        try:
+            sizes, digests = _manifest(reports)
+            assert self.tier is not None
+            self.tier.commit(share.step, share.tmp, sizes, digests, DIGEST)
+        except Exception as exc:
+            failure = self._failure(share.step, exc, self._needed(share.needed), f"on {socket.gethostname()}")
+        self._agree_on(failure)
+        if self.ctx.is_main:
+            log(f"saved step {share.step} to node-local storage ({self.tier.root if self.tier else ''})")
+            commit_marker.write_json(self.folder / contract.LOCAL_NEWEST, {"step": share.step})
+        assert self.tier is not None
+        self.tier.start_drain(share.step, share.tmp.name.rsplit(".tmp-", 1)[1])
+
+    def _finish_drain(self) -> None:
+        """Wait for the last save's partner copy and drain, then rank 0 commits it on shared storage;
+        a collective, raising any node's failure everywhere."""
+        tier = self.tier
+        if tier is None or tier.pending is None:
+            return
+        tier.join()
+        error, tier.error = tier.error, None
+        step = tier.pending[0]
+        failure = None if error is None else self._drain_failure(error, step)
+        if self.ctx.runtime.any_rank(failure is not None):
+            tier.pending = None
+            self._raise_agreed(failure)
+        if self.ctx.is_main:
+            try:
+                tier.commit_shared()
+            except Exception as exc:
+                failure = self._drain_failure(exc, step)
+        tier.pending = None
+        self._agree_on(failure)
+
+    def _drain_failure(self, error: BaseException, step: int) -> CheckpointError:
+        """A partner copy or drain that failed: the step is still committed on the nodes' own storage."""
+        previous = self.complete()
+        kept = f"step {previous[0][0]} is the newest there" if previous else "it holds no checkpoint yet"
+        detail = (str(error).splitlines() or [type(error).__name__])[0]
+        return CheckpointError(
+            f"copying step {step} from {socket.gethostname()} to its partner node or to {self.folder} "
+            f"failed: {detail}; step {step} is committed on node-local storage, and {self.folder}: {kept}",
+            repeats=_no_space(error),
+        )
+
     def wait(self) -> None:
-        """Block until an async save is written and committed (every rank must call it)."""
+        """Block until an async save is written and committed, on shared storage too (every rank must call it)."""
         self._finish_pending()
+        self._finish_drain()
 
     def _agree_on(self, failure: CheckpointError | None) -> None:
         """Every rank raises if any rank failed (one rank raising alone would hang the others)."""
@@ -546,10 +679,12 @@ class Checkpointer:
                 pass
         return max(tensor_bytes, previous)
 
-    def _failure(self, step: int, exc: BaseException, needed: int, who: str = "") -> CheckpointError:
-        """The error for a failed save; call it after the partial write is removed (its free space counts)."""
+    def _failure(self, step: int, exc: BaseException, needed: int, who: str = "", folder: Path | None = None) -> CheckpointError:
+        """The error for a failed save; call it after the partial write is removed (its free space counts).
+        ``folder``: where it was written (default: where saves go first, this node's own with the tier)."""
+        folder = folder or (self.tier.root if self.tier is not None else self.folder)
         try:
-            free: float | None = shutil.disk_usage(self.folder).free / 2**20
+            free: float | None = shutil.disk_usage(folder).free / 2**20
         except OSError:
             free = None
         previous = self.complete()
@@ -560,13 +695,13 @@ class Checkpointer:
         write_failed = any(m in str(exc) for m in _TORCH_WRITE_FAILED)
         full = _no_space(exc) or (write_failed and free is not None and free * 2**20 < needed)
         if full:
-            space = f"{free:.1f} MiB free in {self.folder} after removing the partial write" if free is not None else ""
+            space = f"{free:.1f} MiB free in {folder} after removing the partial write" if free is not None else ""
             need = f"the checkpoint needs about {needed / 2**20:.1f} MiB" if needed else ""
             detail = "no space left on device" + (": " if space or need else "") + ", ".join(filter(None, (space, need)))
             return CheckpointError(f"{what}: {detail}; {kept}", repeats=True)
         detail = getattr(exc, "strerror", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
         if free is not None:
-            detail += f" ({free:.1f} MiB free in {self.folder})"
+            detail += f" ({free:.1f} MiB free in {folder})"
         return CheckpointError(f"{what}: {detail}; {kept}")
 
     def _prune(self) -> None:
@@ -586,11 +721,20 @@ class Checkpointer:
         runtime = self.ctx.runtime
         share = self._pending
         # one small collective per step answers all three questions
-        stop, write_failed, writing = runtime.any_ranks(
-            (self.watcher.requested, share is not None and share.error is not None, share is not None and share.running)
+        tier = self.tier
+        stop, write_failed, writing, drain_failed, draining = runtime.any_ranks(
+            (
+                self.watcher.requested,
+                share is not None and share.error is not None,
+                share is not None and share.running,
+                tier is not None and tier.error is not None,
+                tier is not None and tier.draining,
+            )
         )
         if write_failed or (share is not None and not writing):
             self._finish_pending()
+        if tier is not None and tier.pending is not None and (drain_failed or not draining):
+            self._finish_drain()
         if not runtime.at_accumulation_boundary:
             return  # never save half an accumulated step
         if stop:
@@ -604,8 +748,7 @@ class Checkpointer:
         reason = reasons[0] if reasons else "stop requested"
         if step != self.last_saved:
             self.save(step, wait=True)
-        else:
-            self.wait()
+        self.wait()  # on shared storage too: the requeued job may start on other nodes
         code = 0
         if self.ctx.is_main:
             log(f"run {self.run}: stopping at step {step}: {reason}")
@@ -630,6 +773,8 @@ class Checkpointer:
     def close(self) -> None:
         self.wait()
         self.watcher.close()
+        if self.tier is not None:
+            self.tier.close()
 
     def __iter__(self) -> Iterator[tuple[int, Path]]:
         return iter(self.complete())

@@ -25,15 +25,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hpc_train import contract, scontrol
-from hpc_train.runtime.checkpoint import committed
 from hpc_train.runtime.hang_report import first_failures
 from hpc_train.runtime.suspects import NODE_CHECK_REASON, read_suspects, record_suspect
 from hpc_train.runtime.watchdog import log, read_beats
 
 
 def newest_step(job_folder: Path) -> int:
-    found = committed(job_folder / contract.CHECKPOINTS)
-    return found[0][0] if found else -1
+    return contract.newest_step(job_folder / contract.CHECKPOINTS)
 
 
 def record_start(job_folder: Path, run: int) -> None:

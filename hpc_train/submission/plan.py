@@ -257,6 +257,7 @@ def _checked(
     node_check = _node_check(job, site, requeue, kind, problems)
     layout = _layout(job, res, plugins, problems)
     _check_resume(job, res, layout, problems)
+    _check_local_tier(job, site, problems)
     _check_profile(job, site, res, kind, problems)
     for message in plugins.validate_job(job, site):
         problems.add("", message, source=f"site policy ({site.name})")
@@ -511,6 +512,22 @@ def _health_env(job: JobSpec, site: SiteConfig, requeue: _Requeue) -> dict[str, 
     return env
 
 
+def _local_tier_env(job: JobSpec, site: SiteConfig) -> dict[str, str]:
+    """The site's node-local folder, unexpanded: each node expands its own ($SLURM_TMPDIR differs per node)."""
+    if site.checkpoint_local_dir is None or job.local_checkpoints is False:
+        return {}
+    return {contract.ENV_LOCAL_CHECKPOINT_DIR: site.checkpoint_local_dir}
+
+
+def _check_local_tier(job: JobSpec, site: SiteConfig, problems: _Problems) -> None:
+    if job.local_checkpoints and site.checkpoint_local_dir is None:
+        problems.add(
+            "local_checkpoints",
+            f"site {site.name!r} names no node-local storage for checkpoints",
+            "drop --local-checkpoints, or set checkpoint_local_dir in the site file",
+        )
+
+
 def _straggler_threshold(job: JobSpec, site: SiteConfig) -> float:
     return job.straggler_threshold if job.straggler_threshold is not None else site.health.straggler_threshold
 
@@ -683,6 +700,7 @@ def _environment(
             contract.ENV_JOB_ROOT: names.job_root,
             **({contract.ENV_STOP_SIGNAL: requeue.policy.signal} if requeue.enabled else {}),  # the ranks save and stop on it
             **_health_env(job, site, requeue),
+            **_local_tier_env(job, site),
             **_profile_env(job, site, names),
         },
         "hpc_train",

@@ -399,3 +399,42 @@ def test_every_problem_names_the_option_as_the_cli_spells_it(plugins):
     with pytest.raises(ConfigError) as info:
         make_job(site="sandbox", script="t.py", backend_options=[1])
     assert [p.key for p in info.value.problems] == ["--option"]  # the flag, not --backend-options
+
+
+def local_tier_site(tmp_path, value: str):
+    site = tmp_path / "s.yaml"
+    site.write_text(f"name: s\nextends: sandbox\ncheckpoint_local_dir: {value}\n")
+    return site
+
+
+def test_the_sites_node_local_folder_reaches_the_job_unexpanded_and_quoted(plugins, tmp_path):
+    from hpc_train.submission.renderer import render
+
+    site = local_tier_site(tmp_path, "'$SLURM_TMPDIR/ckpt'")
+    job = make_job(site=str(site), script="train.py", workdir="/home/alice/project", python="/opt/venv/bin/python")
+    p = build_plan(job, load_site(str(site)), plugins)
+    env = {e.name: e.value for e in p.env}
+    assert env["HPC_TRAIN_LOCAL_CHECKPOINT_DIR"] == "$SLURM_TMPDIR/ckpt"  # each node expands its own
+    assert "export HPC_TRAIN_LOCAL_CHECKPOINT_DIR='$SLURM_TMPDIR/ckpt'" in render(p)
+    off = make_job(site=str(site), script="train.py", workdir="/w", python="/p", local_checkpoints=False)
+    assert "HPC_TRAIN_LOCAL_CHECKPOINT_DIR" not in {e.name for e in build_plan(off, load_site(str(site)), plugins).env}
+    assert "HPC_TRAIN_LOCAL_CHECKPOINT_DIR" not in {e.name for e in plan(plugins, site="sandbox").env}
+
+
+def test_local_checkpoints_on_a_site_without_a_node_local_folder_is_refused(plugins):
+    with pytest.raises(ConfigError) as info:
+        plan(plugins, site="sandbox", local_checkpoints=True)
+    [problem] = info.value.problems
+    assert "names no node-local storage" in problem.message and "checkpoint_local_dir" in problem.hint
+    assert "--local-checkpoints" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [("local/ckpt", "is not an absolute path"), ('"/local/x\\nrm -rf /"', "must not contain newlines")],
+)
+def test_a_node_local_folder_that_is_no_absolute_path_is_refused_at_its_line(tmp_path, value, fragment):
+    with pytest.raises(ConfigError) as info:
+        load_site(str(local_tier_site(tmp_path, value)))
+    [problem] = info.value.problems
+    assert problem.key == "checkpoint_local_dir" and problem.line == 3 and fragment in problem.message
