@@ -22,7 +22,7 @@ Then DeepSpeed (ZeRO-2, Adam) on the same ranks and model: its engine's save, sy
 dicts copied into kept buffers, written by the checkpoint writer thread); target: async blocks <= 0.1x.
 
     .venv/bin/python bench/checkpoint.py [--sizes 200,1000] [--repeats 3] [--folder /tmp/x]
-                                         [--ranks 4] [--sharded-mb 200] [--only sharded|deepspeed|single]
+                                         [--ranks 4] [--sharded-mb 200] [--only sharded|deepspeed|local|single]
 """
 
 from __future__ import annotations
@@ -224,6 +224,71 @@ def deepspeed_worker(megabytes: int, repeats: int, root: Path) -> None:
     ctx.shutdown()
 
 
+def local_worker(megabytes: int, repeats: int, root: Path) -> None:
+    """One rank of the node-local tier's benchmark (2 torchrun "nodes", each with its own local folder):
+    saves with and without the tier, interleaved; then restores from the nodes' copies and from shared."""
+    from hpc_train import contract
+    from hpc_train.runtime.checkpoint import Checkpointer
+    from hpc_train.runtime.context import init
+
+    ctx = init("torchrun", metrics=False)
+    torch.manual_seed(0)
+    model = model_of(megabytes)
+    model, _ = ctx.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
+    ctx.backward(model(torch.randn(2, 2048)).pow(2).mean())
+    ctx.step()
+    local = os.environ.pop(contract.ENV_LOCAL_CHECKPOINT_DIR)  # the Checkpointer reads it when it starts
+    plain = Checkpointer(ctx, root / "shared-only", keep=1)
+    os.environ[contract.ENV_LOCAL_CHECKPOINT_DIR] = local
+    tiered = Checkpointer(ctx, root / "tiered", keep=1)
+    samples = interleaved(ctx, {"shared storage": plain, "node-local tier": tiered}, repeats)
+    restores = {}
+    for name, folder, tier in (("node-local copies", "tiered", True), ("shared storage", "shared-only", False)):
+        if not tier:
+            os.environ.pop(contract.ENV_LOCAL_CHECKPOINT_DIR)
+        again = Checkpointer(ctx, root / folder, keep=1)
+        ctx.barrier()
+        start = time.perf_counter()
+        step = again.restore()
+        restores[name] = (max(ctx.runtime.gather_object(time.perf_counter() - start)), step)
+        again.close()
+    if ctx.is_main:
+        state = sum(p.numel() * p.element_size() for p in model.parameters()) * 2 / 2**20
+        print(f"\n{ctx.world_size} gloo ranks as {ctx.num_nodes} nodes, {state:.0f} MiB of state:")
+        print(f"{'save to':>22} {'blocks training':>16} {'on shared after':>16}")
+        for name, pairs in samples.items():
+            blocked, done = statistics.median(b for b, _ in pairs), statistics.median(d for _, d in pairs)
+            print(f"{name:>22} {blocked:>15.3f}s {done:>15.3f}s")
+        print(f"{'restore from':>22} {'seconds':>16}")
+        for name, (seconds, step) in restores.items():
+            print(f"{name:>22} {seconds:>15.3f}s   (step {step})")
+        print(
+            "here the nodes' folders and the shared one are the same disk (and page cache): the two restores "
+            "differ by the tier's own work, not by the storage a cluster's nodes would read"
+        )
+    ctx.shutdown()
+
+
+def local_tier(megabytes: int, repeats: int, root: Path) -> None:
+    """Two torchrun agents as two nodes of 2 ranks, each with its own node-local folder."""
+    worker = [__file__, "--local-worker", "--sharded-mb", str(megabytes), "--repeats", str(repeats), "--folder", str(root)]
+    started = []
+    for node, name in enumerate(("a", "b")):
+        (root / "local" / name).mkdir(parents=True, exist_ok=True)
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+            "NODE_NAME": name,
+            "HPC_TRAIN_LOCAL_CHECKPOINT_DIR": f"{root}/local/$NODE_NAME",
+        }
+        launch = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node)]
+        launch += ["--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", "29534"]
+        started.append(subprocess.Popen([*launch, *worker], env=env))
+    if any(p.wait() != 0 for p in started):
+        raise SystemExit("the node-local tier benchmark failed")
+
+
 def print_sharded(samples: dict[str, list[tuple[float, float]]], state_mib: float, ranks: int, disk: float) -> None:
     print(f"\n{ranks} gloo ranks on {os.cpu_count()} cores, {state_mib:.0f} MiB of state (parameters + momentum):")
     print(f"{'save':>22} {'blocks training':>16} {'committed after':>16} {'(lowest-highest)':>17}")
@@ -268,10 +333,14 @@ def main() -> None:
     parser.add_argument("--folder", help="where to write (default: a temporary folder)")
     parser.add_argument("--ranks", type=int, default=4, help="processes of the sharded benchmark")
     parser.add_argument("--sharded-mb", type=int, default=200, help="parameters of the sharded benchmark's model")
-    parser.add_argument("--only", choices=("single", "sharded", "deepspeed"), help="run one part")
+    parser.add_argument("--only", choices=("single", "sharded", "deepspeed", "local"), help="run one part")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--deepspeed-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--local-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.local_worker:
+        local_worker(args.sharded_mb, args.repeats, Path(args.folder))
+        return
     if args.worker:
         sharded_worker(args.sharded_mb, args.repeats, Path(args.folder))
         return
@@ -285,7 +354,9 @@ def main() -> None:
             sharded(args.ranks, args.sharded_mb, args.repeats, root)
         if args.only in (None, "deepspeed"):
             sharded(args.ranks, args.sharded_mb, args.repeats, root, "--deepspeed-worker")
-        if args.only in ("sharded", "deepspeed"):
+        if args.only in (None, "local"):
+            local_tier(args.sharded_mb, args.repeats, root)
+        if args.only in ("sharded", "deepspeed", "local"):
             return
         print(
             f"{'model':>9} {'torch.save':>11} {'sync save':>10} {'async blocks':>13} {'async done':>11} "

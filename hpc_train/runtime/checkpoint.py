@@ -269,18 +269,23 @@ class Checkpointer:
 
     def _start_tier(self) -> local_tier.Tier | None:
         """The node-local tier, where the site names a node-local folder (a collective: every rank or none)."""
+        if not os.environ.get(contract.ENV_LOCAL_CHECKPOINT_DIR):
+            return None  # the job's environment is every rank's: none of them asks the others
         problem = None
         try:
             base = local_tier.local_base(os.environ)
         except ValueError as exc:
             base, problem = None, f"{socket.gethostname()}: {exc}"
         problems = [p for p in self.ctx.runtime.gather_object(problem) if p]
-        if problems:
+        try:
+            if problems or base is None:
+                raise ValueError("; ".join(problems))
+            return local_tier.Tier(self.ctx, base, self.folder, self.keep)
+        except ValueError as exc:
             raise CheckpointError(
-                f"the node-local checkpoint folder ({contract.ENV_LOCAL_CHECKPOINT_DIR}) cannot be used: " + "; ".join(problems),
+                f"the node-local checkpoint folder ({contract.ENV_LOCAL_CHECKPOINT_DIR}) cannot be used: {exc}",
                 repeats=True,
-            )
-        return None if base is None else local_tier.Tier(self.ctx, base, self.folder, self.keep)
+            ) from None
 
     # -- what is saved --------------------------------------------------------------------------
     def track(self, name: str, obj: Any) -> Any:

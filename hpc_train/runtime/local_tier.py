@@ -23,6 +23,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -157,13 +158,20 @@ class Tier:
         self._server: Server | None = None
         token = ctx.runtime.gather_object(secrets.token_hex(16) if ctx.is_main else None)[0]
         self.token = token
-        address = None
+        address, problem = None, None
         if self.leader:
-            self.root.mkdir(parents=True, exist_ok=True)
-            self._server = Server(self.root, token)
-            address = (own_address(ctx.env.master_addr, ctx.env.master_port), self._server.port)
-        reports = ctx.runtime.gather_object((ctx.node_rank, address) if self.leader else None)
-        self.peers = {node: tuple(addr) for node, addr in filter(None, reports)}
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+                self._server = Server(self.root, token)
+                address = (own_address(ctx.env.master_addr, ctx.env.master_port), self._server.port)
+            except OSError as exc:  # every rank must hear of it: the others would wait for this node
+                problem = f"{socket.gethostname()}: {exc}"
+        reports = [r for r in ctx.runtime.gather_object((ctx.node_rank, address, problem) if self.leader else None) if r]
+        problems = [p for _, _, p in reports if p]
+        if problems:
+            self.close()
+            raise ValueError("; ".join(problems))
+        self.peers = {node: tuple(addr) for node, addr, _ in reports}
 
     @property
     def nodes(self) -> int:

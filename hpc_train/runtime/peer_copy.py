@@ -218,6 +218,12 @@ def own_address(master_addr: str, master_port: int) -> str:
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect((master_addr, master_port or 9))  # UDP: no packet is sent
-            return str(probe.getsockname()[0])
+            found = str(probe.getsockname()[0])
     except OSError:
-        return socket.gethostbyname(socket.gethostname())
+        found = "127.0.0.1"
+    if found.startswith("127.") and not master_addr.startswith("127."):  # the master is this node
+        try:
+            return socket.gethostbyname(socket.gethostname())
+        except OSError:
+            pass
+    return found

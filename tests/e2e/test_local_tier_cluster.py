@@ -29,12 +29,14 @@ pytestmark = pytest.mark.e2e
 STEPS = 300
 
 
-def test_a_requeued_job_restores_from_the_nodes_own_copies(slurm_cluster, sandbox_job_root):
+# torchrun: replicated state in shares; DeepSpeed: the engine's own files, written by every rank into engine/
+@pytest.mark.parametrize("backend", ["torchrun", "deepspeed"])
+def test_a_requeued_job_restores_from_the_nodes_own_copies(slurm_cluster, sandbox_job_root, backend):
     lab = Path(slurm_cluster.jobs_dir).parent
     site = sandbox_job_root / "sandbox-local.yaml"
     site.write_text(f"name: sandbox-local\nextends: sandbox\ncheckpoint_local_dir: {lab}/local\n")
-    reference = submit(sandbox_job_root, "torchrun", "--no-requeue", steps=STEPS)
-    args = ["--job-root", str(sandbox_job_root), "--backend", "torchrun", "--nodes", "2", "--procs-per-node", "1"]
+    reference = submit(sandbox_job_root, backend, "--no-requeue", steps=STEPS)
+    args = ["--job-root", str(sandbox_job_root), "--backend", backend, "--nodes", "2", "--procs-per-node", "1"]
     args += ["--checkpoint-every", "25", "--max-restarts", "4", "--parsable", str(SCRIPT)]
     out = hpc("submit", "--site", str(site), *args, "--", "--steps", str(STEPS), "--step-seconds", "0.04")
     assert out.returncode == 0, out.stderr

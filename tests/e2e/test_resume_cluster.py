@@ -1,5 +1,5 @@
-"""--resume-from on the sandbox: 2 nodes x 2 processes to step S, continued as 2 x 1 and as 1 x 2 (torchrun), and
-as 2 x 1 under DeepSpeed ZeRO-2 (a universal checkpoint); every later step's loss matches the uninterrupted 2 x 2
+"""--resume-from on the sandbox: 2 nodes x 2 processes to step S, continued as 2 x 1 and as 1 x 2, under torchrun
+and under DeepSpeed ZeRO-2 (a universal checkpoint); every later step's loss matches the uninterrupted 2 x 2
 run's, with the same samples in the same order."""
 
 from __future__ import annotations
@@ -51,19 +51,20 @@ def test_a_2x2_run_resumed_as_2x1_and_1x2_matches_the_uninterrupted_run(slurm_cl
     assert sorted(p.name for p in (sandbox_job_root / first / "checkpoints").iterdir()) == [f"step-{STOP:08d}"]
 
 
-def test_deepspeed_zero_state_of_2x2_resumed_as_2x1_matches_the_uninterrupted_run(slurm_cluster, sandbox_job_root):
+def test_deepspeed_zero_state_of_2x2_resumed_as_2x1_and_1x2_matches_the_uninterrupted_run(slurm_cluster, sandbox_job_root):
     adam = ("--adam",)  # the optimizer state DeepSpeed's universal checkpoint converts
     straight = steps(sandbox_job_root, run(sandbox_job_root, 2, 2, script_args=adam, backend="deepspeed"))
     first = run(sandbox_job_root, 2, 2, script_args=(*adam, "--stop-at", str(STOP)), backend="deepspeed")
-    job = run(sandbox_job_root, 2, 1, "--resume-from", first, script_args=adam, backend="deepspeed")
-    resumed = steps(sandbox_job_root, job)
-    assert sorted(resumed) == list(range(STOP + 1, STEPS + 1))
-    for step, row in resumed.items():
-        assert (row["world_size"], row["per_rank_batch"]) == (2, 8)  # the global batch of 16 kept
-        assert row["samples"] == straight[step]["samples"], step
-        assert abs(row["loss"] - straight[step]["loss"]) <= 1e-5 * abs(straight[step]["loss"]) + 1e-7, (step, row)
-    log = "\n".join(p.read_text() for p in (sandbox_job_root / job).glob("*_log.err"))
-    assert "ZeRO partitions of 4 data-parallel ranks loaded into 2 (universal checkpoint)" in log
+    for nodes, procs in ((2, 1), (1, 2)):
+        job = run(sandbox_job_root, nodes, procs, "--resume-from", first, script_args=adam, backend="deepspeed")
+        resumed = steps(sandbox_job_root, job)
+        assert sorted(resumed) == list(range(STOP + 1, STEPS + 1))
+        for step, row in resumed.items():
+            assert (row["world_size"], row["per_rank_batch"]) == (2, 8)  # the global batch of 16 kept
+            assert row["samples"] == straight[step]["samples"], (nodes, procs, step)
+            assert abs(row["loss"] - straight[step]["loss"]) <= 1e-5 * abs(straight[step]["loss"]) + 1e-7, (step, row)
+        log = "\n".join(p.read_text() for p in (sandbox_job_root / job).glob("*_log.err"))
+        assert "ZeRO partitions of 4 data-parallel ranks loaded into 2 (universal checkpoint)" in log
 
 
 def test_a_shape_the_checkpoint_cannot_continue_in_is_refused_before_submission(slurm_cluster, sandbox_job_root):

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from hpc_train import contract
 from hpc_train.runtime.health import newest_step, no_progress, record_start
 
 
@@ -36,6 +37,14 @@ def test_a_restart_that_commits_nothing_new_stops_the_loop(tmp_path):
     assert reason is not None and "run 2" in reason and "step 25" in reason and "restart budget" in reason
     commit(tmp_path, 50)
     assert no_progress(tmp_path, 2) is None  # it got further: worth another try
+
+
+def test_a_step_committed_only_on_the_nodes_own_disks_is_progress(tmp_path):
+    commit(tmp_path, 25)
+    record_start(tmp_path, 2)
+    # the node-local tier committed step 50 on the nodes; its drain to shared storage was cut off
+    (tmp_path / "checkpoints" / contract.LOCAL_NEWEST).write_text(json.dumps({"step": 50}))
+    assert newest_step(tmp_path) == 50 and no_progress(tmp_path, 2) is None
 
 
 def test_the_first_run_and_an_unrecorded_run_are_not_judged(tmp_path):

@@ -26,13 +26,16 @@ from tests.unit.test_checkpoint import tiny_filesystem  # noqa: F401  (a fixture
 from tests.unit.test_shard_save import SCRIPT, TORCH_ENV, free_port
 
 
-def launch(tmp_path: Path, spec: dict, names: tuple[str, ...] = ("a", "b"), procs: int = 1) -> list[subprocess.Popen]:
+def launch(
+    tmp_path: Path, spec: dict, names: tuple[str, ...] = ("a", "b"), procs: int = 1, missing: str = ""
+) -> list[subprocess.Popen]:
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
     port = free_port()
     started = []
     for node, name in enumerate(names):
-        (tmp_path / "local" / name).mkdir(parents=True, exist_ok=True)
+        if name != missing:
+            (tmp_path / "local" / name).mkdir(parents=True, exist_ok=True)
         environ = {
             **os.environ,
             "OMP_NUM_THREADS": "1",
@@ -52,9 +55,9 @@ def launch(tmp_path: Path, spec: dict, names: tuple[str, ...] = ("a", "b"), proc
 
 
 def run(
-    tmp_path: Path, spec: dict, names: tuple[str, ...] = ("a", "b"), procs: int = 1, fails: bool = False
+    tmp_path: Path, spec: dict, names: tuple[str, ...] = ("a", "b"), procs: int = 1, fails: bool = False, missing: str = ""
 ) -> tuple[list[dict], str]:
-    started = launch(tmp_path, spec, names, procs)
+    started = launch(tmp_path, spec, names, procs, missing)
     outputs = [p.communicate(timeout=240)[0] for p in started]
     log = "\n".join(outputs)
     if fails:
@@ -233,6 +236,13 @@ def test_a_full_node_local_disk_is_a_clear_error_and_nothing_committed_is_lost(t
             assert [r["step"] for r in restored] == [1, 1], log[-2000:]
     finally:
         subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_node_without_the_node_local_folder_stops_every_rank_with_its_name(tmp_path):
+    _, log = run(tmp_path, {"mode": "train", "steps": 1}, fails=True, missing="b")
+    assert "the node-local checkpoint folder (HPC_TRAIN_LOCAL_CHECKPOINT_DIR) cannot be used: " in log
+    assert f"{tmp_path}/local/b does not exist on this node" in log
+    assert log.count("cannot be used") >= 2  # both ranks: neither waits for the other
 
 
 # -- the parts, in one process --------------------------------------------------------------------------
