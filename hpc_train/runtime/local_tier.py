@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpc_train import contract
 from hpc_train.runtime import commit_marker
-from hpc_train.runtime.peer_copy import HELD, Client, Server, own_address, receive_file, seal
+from hpc_train.runtime.peer_copy import HELD, Client, PeerError, Server, own_address, receive_file, seal
 from hpc_train.runtime.preemption import log
 
 if TYPE_CHECKING:
@@ -238,7 +238,7 @@ class Tier:
         tmp = f"{where}/{final.name}.tmp"
         for name in marker["held"]:
             partner.put(f"{tmp}/{name}", final / name, marker["digests"][name], marker["digest"])
-        partner.seal(tmp, f"{where}/{final.name}", marker)
+        partner.seal(tmp, f"{where}/{final.name}", marker, self.keep)
 
     def commit_shared(self) -> None:
         """Rank 0, once every node drained the pending step: committed on shared storage, older ones pruned."""
@@ -304,15 +304,24 @@ class Tier:
             if mine:
                 _link(self.root / mine[0] / name, tmp / name)
                 counts["here"] += 1
-            elif holders:
-                holder, relative = holders[0]
-                Client(self.peers[holder], self.token).get(f"{relative}/{name}", tmp / name, digest, marker["digest"])
-                counts["nodes"] += 1
             else:
-                _copy(self.shared / final.name / name, tmp / name, digest, marker["digest"])
-                counts["shared"] += 1
+                counts[self._fetch(name, digest, marker["digest"], tmp, holders, choice.on_shared)] += 1
         seal(tmp, final, {**marker, "held": sorted(marker["files"])})
         return counts
+
+    def _fetch(self, name: str, digest: str, algorithm: str, tmp: Path, holders: list[tuple[int, str]], on_shared: bool) -> str:
+        """One file this node lacks, from the first node whose copy arrives whole, else the shared copy."""
+        error: Exception | None = None
+        for holder, relative in holders:
+            try:
+                Client(self.peers[holder], self.token).get(f"{relative}/{name}", tmp / name, digest, algorithm)
+                return "nodes"
+            except (OSError, PeerError) as exc:  # a damaged copy there: another node's, or the shared one
+                error = exc
+        if not on_shared and error is not None:
+            raise error
+        _copy(self.shared / tmp.name.split(".", 1)[0] / name, tmp / name, digest, algorithm)
+        return "shared"
 
     def close(self) -> None:
         self.join()

@@ -148,7 +148,9 @@ class Server:
                 conn.sendfile(f)
             return {"ok": True}
         if op == "seal":
-            seal(inside(self.root, str(request["tmp"])), inside(self.root, str(request["final"])), request["marker"])
+            final = inside(self.root, str(request["final"]))
+            seal(inside(self.root, str(request["tmp"])), final, request["marker"])
+            keep_newest(final.parent, max(1, int(request.get("keep", 1))))
             return {"ok": True}
         raise PeerError(f"unknown request {op!r}")
 
@@ -172,6 +174,16 @@ def seal(tmp: Path, final: Path, marker: dict[str, Any]) -> None:
     else:
         os.replace(tmp, final)
     fsync_dir(final.parent)
+
+
+def keep_newest(folder: Path, keep: int) -> None:
+    """Only the newest ``keep`` sealed ``step-N`` copies in ``folder`` (a partner's copies of one node)."""
+    sealed = []
+    for path in folder.glob("step-*"):
+        if "." not in path.name and (path / HELD).is_file() and path.name[5:].isdigit():
+            sealed.append((int(path.name[5:]), path))
+    for _, path in sorted(sealed)[:-keep]:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 class Client:
@@ -207,9 +219,10 @@ class Client:
             receive_file(sock, target, size, digest, algorithm)
             self._reply(sock)
 
-    def seal(self, tmp: str, final: str, marker: dict[str, Any]) -> None:
+    def seal(self, tmp: str, final: str, marker: dict[str, Any], keep: int = 1) -> None:
+        """``tmp`` sealed as ``final`` on the peer, which then keeps the newest ``keep`` copies beside it."""
         with self._connect() as sock:
-            _send(sock, {"token": self.token, "op": "seal", "tmp": tmp, "final": final, "marker": marker})
+            _send(sock, {"token": self.token, "op": "seal", "tmp": tmp, "final": final, "marker": marker, "keep": keep})
             self._reply(sock)
 
 

@@ -297,6 +297,10 @@ def test_a_file_is_put_and_got_back_whole(server, tmp_path):
     assert held(served.root / "step-1") == {"held": ["x.bin"]}
     client.get("step-1/x.bin", tmp_path / "back.bin", digest(source.read_bytes()), "sha256")
     assert (tmp_path / "back.bin").read_bytes() == source.read_bytes()
+    for step in (2, 3):  # a partner keeps the newest copies the sender asks it to keep
+        client.put(f"step-{step}.tmp/x.bin", source, digest(source.read_bytes()), "sha256")
+        client.seal(f"step-{step}.tmp", f"step-{step}", {"held": ["x.bin"]}, keep=2)
+    assert sorted(p.name for p in served.root.iterdir()) == ["step-2", "step-3"]
 
 
 def test_a_copy_with_other_bytes_than_its_digest_is_refused_and_leaves_nothing(server, tmp_path):
