@@ -15,11 +15,8 @@ deleted only after a newer one is committed.
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import json
 import os
-import random
 import shutil
 import socket
 import threading
@@ -30,8 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpc_train import contract
 from hpc_train.contract import COMMIT, committed
-from hpc_train.resume_shape import SHAPE
-from hpc_train.runtime import commit_marker, local_tier, resume, shard_save
+from hpc_train.runtime import checkpoint_files, commit_marker, local_tier, resume, rng_state, shard_save
 from hpc_train.runtime.no_retry import refuse_retry
 from hpc_train.runtime.preemption import StopWatcher, log, requeue
 
@@ -39,12 +35,11 @@ if TYPE_CHECKING:
     from hpc_train.runtime.context import Context
 
 STATE_FILE = "hpc_train.pt"
-ENGINE_DIR = "engine"
+ENGINE_DIR = checkpoint_files.ENGINE_DIR
 EXIT_STOPPED = 3  # stopped for a time limit or preemption without a requeue: resubmit to continue
 # Measured with bench/checkpoint.py (x86-64 with SHA-NI): sha256 1.2-1.75 GB/s, blake2b 0.8-1.1 GB/s.
 # CPUs without SHA extensions reverse that; sha256 is also what `sha256sum` checks by hand.
 DIGEST = commit_marker.DIGEST
-_CHUNK = 8 << 20
 _TORCH_WRITE_FAILED = ("unexpected pos", "file write failed", "failed writing")  # torch's own writer's words
 
 
@@ -58,175 +53,6 @@ class CheckpointError(RuntimeError):
     def __init__(self, message: str, *, repeats: bool = False) -> None:
         super().__init__(message)
         self.repeats = repeats
-
-
-def _digest(file: Any, algorithm: str = DIGEST) -> str:
-    h = hashlib.new(algorithm)
-    buffer = bytearray(_CHUNK)
-    view = memoryview(buffer)
-    while n := file.readinto(buffer):
-        h.update(view[:n])
-    return h.hexdigest()
-
-
-def _fsync_tree(path: Path, digests: dict[str, str]) -> dict[str, int]:
-    """fsync everything under ``path``; each file's size, and its digest added to ``digests``.
-
-    Files we did not write ourselves (DeepSpeed's engine/, torch.distributed.checkpoint shards) are
-    hashed here, reading back what was just written: usually from the page cache, but files other
-    nodes wrote come over the network on a shared filesystem, and a fault between the writer's
-    memory and the page cache is not caught. The reading costs about size / (1 GB/s).
-    """
-    sizes = {}
-    for file in sorted(p for p in path.rglob("*") if p.is_file()):
-        name = str(file.relative_to(path))
-        with open(file, "rb") as f:
-            if name not in digests:
-                digests[name] = _digest(f)
-            os.fsync(f.fileno())
-        sizes[name] = file.stat().st_size
-    for folder in sorted((p for p in path.rglob("*") if p.is_dir()), reverse=True):
-        shard_save.fsync_dir(folder)
-    shard_save.fsync_dir(path)
-    return sizes
-
-
-def _engine_files(tmp: Path, digests: dict[str, str]) -> dict[str, int]:
-    """Rank 0's pass over what the backend wrote into ``engine/`` (every rank's part is written: before
-    the shares start, or, in the background, before rank 0's own engine write returns, as DCP's does):
-    fsynced, sizes returned and digests added, named as in the COMMIT marker."""
-    engine = tmp / ENGINE_DIR
-    if not engine.is_dir():
-        return {}
-    found: dict[str, str] = {}
-    sizes = _fsync_tree(engine, found)
-    digests.update({f"{ENGINE_DIR}/{name}": digest for name, digest in found.items()})
-    return {f"{ENGINE_DIR}/{name}": size for name, size in sizes.items()}
-
-
-def _small_files(tmp: Path, digests: dict[str, str]) -> dict[str, int]:
-    """Rank 0's plain files written before the shares (shape.json: what --resume-from reads): fsynced and
-    listed in COMMIT with their digests, so a damaged one is found like any other file."""
-    path = tmp / SHAPE
-    if not path.is_file():
-        return {}
-    with open(path, "rb") as f:
-        digests[SHAPE] = _digest(f)
-        os.fsync(f.fileno())
-    return {SHAPE: path.stat().st_size}
-
-
-def _folder_files(tmp: Path, digests: dict[str, str], main: bool) -> dict[str, int]:
-    """What the folder's writer hashes besides its own share: the engine's files written beside it,
-    and on rank 0 shape.json."""
-    return {**_engine_files(tmp, digests), **(_small_files(tmp, digests) if main else {})}
-
-
-def _check_file(path: Path, name: str, size: int, digest: str | None, algorithm: str) -> str | None:
-    """What is wrong with one file of a committed checkpoint, or None."""
-    file = path / name
-    try:
-        actual = file.stat().st_size
-    except FileNotFoundError:
-        return f"{name} is missing"
-    if actual != size:
-        return f"{name} has {actual} bytes, the commit recorded {size}"
-    if digest is not None:
-        if algorithm not in hashlib.algorithms_available:
-            return f"{name} cannot be checked: its digest is {algorithm}, which this Python's hashlib lacks"
-        with open(file, "rb") as f:
-            found = _digest(f, algorithm)
-        if found != digest:
-            return f"{name} digest mismatch ({algorithm} {found[:12]}..., the commit recorded {digest[:12]}...)"
-    return None
-
-
-def _shares(sizes: dict[str, int], ranks: int) -> list[list[str]]:
-    """The files split into ``ranks`` shares of about equal bytes: each is read once, by one rank."""
-    shares: list[list[str]] = [[] for _ in range(ranks)]
-    load = [0] * ranks
-    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
-        lightest = load.index(min(load))
-        shares[lightest].append(name)
-        load[lightest] += sizes[name]
-    return shares
-
-
-def _manifest(reports: list[Any]) -> tuple[dict[str, int], dict[str, str]]:
-    """Every rank's sizes and digests as one checkpoint's (raises for ranks whose states disagree)."""
-    if len({structure for _, _, structure in reports}) > 1:
-        raise RuntimeError("the ranks' states differ in shapes or dtypes: they are not replicas of one state")
-    sizes: dict[str, int] = {}
-    digests: dict[str, str] = {}
-    for rank_sizes, rank_digests, _ in reports:
-        twice = [name for name in rank_digests if digests.get(name, rank_digests[name]) != rank_digests[name]]
-        if twice:
-            raise RuntimeError(f"{twice[0]} was written twice, with different contents (by ranks on two nodes)")
-        sizes.update(rank_sizes)
-        digests.update(rank_digests)
-    return sizes, digests
-
-
-def _tensor_bytes(obj: Any) -> int:
-    """Bytes of the tensors (and raw bytes) in a payload: about what its file will need."""
-    if hasattr(obj, "element_size") and hasattr(obj, "numel"):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, (bytes, bytearray)):
-        return len(obj)
-    if isinstance(obj, dict):
-        return sum(_tensor_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_tensor_bytes(v) for v in obj)
-    return 0
-
-
-def _no_space(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what it came from) is a full disk or an exhausted quota."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if "No space left on device" in str(seen):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
-def _rng_state() -> dict[str, Any]:
-    """This rank's random generators, as plain bytes and ints (safe to gather and to load with weights_only)."""
-    import torch
-
-    state: dict[str, Any] = {"torch": torch.get_rng_state().numpy().tobytes(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = [s.cpu().numpy().tobytes() for s in torch.cuda.get_rng_state_all()]
-    try:
-        import numpy as np
-
-        kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # the tuple form
-        state["numpy"] = (kind, np.asarray(keys, dtype="<u4").tobytes(), int(pos), int(has_gauss), float(cached))
-    except ImportError:
-        pass
-    return state
-
-
-def _bytes_tensor(data: bytes) -> Any:
-    import torch
-
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    import torch
-
-    torch.set_rng_state(_bytes_tensor(state["torch"]))
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([_bytes_tensor(s) for s in state["cuda"]])
-    if "numpy" in state:
-        import numpy as np
-
-        kind, keys, pos, has_gauss, cached = state["numpy"]
-        np.random.set_state((kind, np.frombuffer(keys, dtype="<u4").copy(), pos, has_gauss, cached))
 
 
 class Checkpointer:
@@ -296,7 +122,7 @@ class Checkpointer:
         return obj
 
     def _payload(self, step: int) -> dict[str, Any]:
-        rng = self.ctx.runtime.gather_object(_rng_state())
+        rng = self.ctx.runtime.gather_object(rng_state.capture())
         payload = {
             "step": step,
             "world_size": self.ctx.world_size,
@@ -411,8 +237,10 @@ class Checkpointer:
         algorithm = commit.get("digest", DIGEST)
         local = marker != COMMIT
         ranks, rank = (self.ctx.local_world_size, self.ctx.local_rank) if local else (self.ctx.world_size, self.ctx.rank)
-        share = _shares(sizes, ranks)[rank]
-        problems = [p for name in share if (p := _check_file(path, name, sizes[name], digests.get(name), algorithm))]
+        share = checkpoint_files.shares(sizes, ranks)[rank]
+        problems = [
+            p for name in share if (p := checkpoint_files.check_file(path, name, sizes[name], digests.get(name), algorithm))
+        ]
         return ", ".join(problems) or None
 
     def _agreed(self, problem: str | None) -> str | None:
@@ -479,7 +307,7 @@ class Checkpointer:
                 obj.update(state)
         rng = payload.get("rng") or []
         if len(rng) == self.ctx.world_size:
-            _set_rng_state(rng[self.ctx.rank])
+            rng_state.restore(rng[self.ctx.rank])
         else:
             log(f"checkpoint was saved by {len(rng)} ranks, this job has {self.ctx.world_size}: RNG streams restart")
 
@@ -514,7 +342,7 @@ class Checkpointer:
         payload = self._payload(step)  # a collective: every rank gets here
         if runtime.any_rank(engine_error is not None):
             who = f"rank {self.ctx.rank} writing its engine state"
-            self._abandon(tmp, step, engine_error, _tensor_bytes(payload), who)
+            self._abandon(tmp, step, engine_error, checkpoint_files.tensor_bytes(payload), who)
         share = self._share(step, tmp, final, payload, background)
         share.before = engine_wait
         self._pending = share
@@ -546,7 +374,7 @@ class Checkpointer:
         writers = min(self.writers or self.ctx.world_size, self.ctx.world_size)
         files: dict[str, Any] = {}
         structure = ""
-        needed = _tensor_bytes(payload)  # every rank holds the whole replicated state: the whole size
+        needed = checkpoint_files.tensor_bytes(payload)  # every rank holds the whole replicated state: the whole size
         if state is not None and writers > 1:
             # in the background the snapshot below copies every tensor: no copy of its own first
             found = shard_save.split(state, self.ctx.rank, writers, own=not background)
@@ -560,7 +388,7 @@ class Checkpointer:
             files = {STATE_FILE: payload, **files}
         if background:  # training goes on changing the live tensors
             files = shard_save.snapshot(files, self._staging)
-        more = (lambda digests: _folder_files(tmp, digests, self.ctx.is_main)) if self._writes_folder else None
+        more = (lambda digests: checkpoint_files.folder_files(tmp, digests, self.ctx.is_main)) if self._writes_folder else None
         return shard_save.Share(step, tmp, final, files, DIGEST, structure, needed, more)
 
     def _finish_pending(self) -> None:
@@ -595,7 +423,7 @@ class Checkpointer:
         """Rank 0, once every rank's share is fsynced: the folder renamed into place, then COMMIT."""
         tmp, final, step = share.tmp, share.final, share.step
         try:
-            sizes, digests = _manifest(reports)
+            sizes, digests = checkpoint_files.manifest(reports)
             commit_marker.commit(tmp, final, step, sizes, digests)
         except Exception as exc:  # ENOSPC on the marker, a rename refused
             shutil.rmtree(tmp, ignore_errors=True)
@@ -611,7 +439,7 @@ class Checkpointer:
         start in the background. A collective: a node's failure is raised on every rank."""
         failure = None
         try:
-            sizes, digests = _manifest(reports)
+            sizes, digests = checkpoint_files.manifest(reports)
             assert self.tier is not None
             self.tier.commit(share.step, share.tmp, sizes, digests, DIGEST)
         except Exception as exc:
@@ -652,7 +480,7 @@ class Checkpointer:
         return CheckpointError(
             f"copying step {step} from {socket.gethostname()} to its partner node or to {self.folder} "
             f"failed: {detail}; step {step} is committed on node-local storage, and {self.folder}: {kept}",
-            repeats=_no_space(error),
+            repeats=checkpoint_files.no_space(error),
         )
 
     def wait(self) -> None:
@@ -698,7 +526,7 @@ class Checkpointer:
         # torch's own writer hides the errno ("unexpected pos ..."): a write that failed where the
         # space left is less than the checkpoint needs is the same full disk
         write_failed = any(m in str(exc) for m in _TORCH_WRITE_FAILED)
-        full = _no_space(exc) or (write_failed and free is not None and free * 2**20 < needed)
+        full = checkpoint_files.no_space(exc) or (write_failed and free is not None and free * 2**20 < needed)
         if full:
             space = f"{free:.1f} MiB free in {folder} after removing the partial write" if free is not None else ""
             need = f"the checkpoint needs about {needed / 2**20:.1f} MiB" if needed else ""

@@ -147,7 +147,15 @@ class Tier:
     def __init__(self, ctx: Context, base: Path, shared: Path, keep: int) -> None:
         """Every rank calls it (a collective): the node leaders start their servers and trade addresses."""
         self.ctx = ctx
-        name = ctx.runtime.gather_object(job_folder_name(os.environ, shared) if ctx.is_main else None)[0]
+        named: tuple[str, str] = ("", "")
+        if ctx.is_main:
+            try:
+                named = (job_folder_name(os.environ, shared), "")
+            except OSError as exc:  # said on every rank: the others wait for the name
+                named = ("", f"{shared}: {exc}")
+        name, problem = ctx.runtime.gather_object(named)[0]
+        if problem:
+            raise ValueError(problem)
         self.root = base / name
         self.shared = shared
         self.keep = keep
