@@ -117,8 +117,10 @@ def test_an_out_of_memory_step_is_redone_with_half_the_micro_batch(tmp_path):
     peaks = events(lines, "run_end")[-1]  # every rank's peak, gathered at the end
     assert peaks["device"] == "cpu" and len(peaks["peak_bytes"]) == 2 and all(p > 2**20 for p in peaks["peak_bytes"])
     assert all(r["peak_mem_bytes"] > 2**20 for r in lines if "step" in r and "event" not in r and "peak_mem_bytes" in r)
-    # the same global batch throughout: a run with the smaller micro-batch from the start trains alike
-    small, small_lines, small_log = run_job(tmp_path / "small", str(final))
+    # the same global batch throughout: a run with the smaller micro-batch from the start trains alike. It
+    # gets room to spare: 1024 sits near this budget's edge (a fresh clone's run once ran out of it at the
+    # first step), and what it checks is the training, not the limit
+    small, small_lines, small_log = run_job(tmp_path / "small", str(final), budget_mb=BUDGET_MB + 300)
     assert "out of memory with" not in small_log and small[0]["micro_batch"] == final
     assert_same_training(big, small, lines, small_lines)
 
