@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_train.resume_shape import SHAPE
-from hpc_train.runtime import shard_save
-from hpc_train.runtime.commit_marker import DIGEST
+from hpc_train.runtime.commit_marker import DIGEST, fsync_tree_dirs
 
 ENGINE_DIR = "engine"
 _CHUNK = 8 << 20
@@ -45,14 +44,12 @@ def fsync_tree(path: Path, digests: dict[str, str]) -> dict[str, int]:
                 digests[name] = digest_of(f)
             os.fsync(f.fileno())
         sizes[name] = file.stat().st_size
-    for folder in sorted((p for p in path.rglob("*") if p.is_dir()), reverse=True):
-        shard_save.fsync_dir(folder)
-    shard_save.fsync_dir(path)
+    fsync_tree_dirs(path)
     return sizes
 
 
 def engine_files(tmp: Path, digests: dict[str, str]) -> dict[str, int]:
-    """Rank 0's pass over what the backend wrote into ``engine/`` (every rank's part is written: before
+    """The folder writer's pass over what the backend wrote into ``engine/`` (every rank's part is written: before
     the shares start, or, in the background, before rank 0's own engine write returns, as DCP's does):
     fsynced, sizes returned and digests added, named as in the COMMIT marker."""
     engine = tmp / ENGINE_DIR

@@ -22,6 +22,8 @@ import threading
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from hpc_train.runtime.shard_save import fsync_dir
+
 HELD = "HELD"  # a node-local folder's marker: what COMMIT is to the shared folder, plus what this folder holds
 _HEADER = struct.Struct("!I")
 _CHUNK = 4 << 20
@@ -64,14 +66,6 @@ def inside(root: Path, relative: str) -> Path:
     if not parts or PurePosixPath(relative).is_absolute() or any(p in ("..", ".", "") for p in parts):
         raise PeerError(f"{relative!r} is not a path inside the checkpoint folder")
     return root.joinpath(*parts)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def receive_file(source: Any, target: Path, size: int, digest: str, algorithm: str) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.unit.test_shard_save import free_port
 
 SCRIPT = REPO / "tests" / "e2e" / "resume_train.py"  # the sandbox test's loop: losses and samples per step
 STEPS, STOP = 10, 5
@@ -32,6 +33,7 @@ def launch(
         "HPC_TRAIN_METRICS": "0",
         "HPC_TRAIN_JOB_FOLDER": str(folder),
         "HPC_TRAIN_CHECKPOINT_DIR": str(folder / "checkpoints"),
+        "MASTER_PORT": str(free_port()),  # not the default 29500: a process another test left may still hold it
         **extra,
     }
     if resume_from is not None:
