@@ -74,6 +74,7 @@ bench: install
 	$(PY) bench/cli_latency.py
 	$(PY) bench/runtime_overhead.py
 	$(PY) bench/runtime_overhead.py --hidden 1024
+	$(PY) bench/runtime_overhead.py --procs 1
 	$(PY) bench/checkpoint.py
 	$(PY) bench/metrics_overhead.py
 	$(PY) bench/flight_recorder.py

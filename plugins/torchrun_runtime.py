@@ -61,7 +61,8 @@ class TorchrunRuntime(BackendRuntime):
     def synchronize_gradients(self) -> None:
         """Average here what DDP did not in backward: under --micro-batch every backward runs without
         its all-reduce, so that a rank out of memory mid-backward leaves no collective half done."""
-        if getattr(self.model, "require_backward_grad_sync", True):
+        # from __dict__, as set_gradient_sync: a plain module's attribute miss raises inside nn.Module.__getattr__
+        if getattr(self.model, "__dict__", {}).get("require_backward_grad_sync", True):
             return  # DDP averaged in backward (or there is no DDP)
         average_in_place([p.grad for p in self.model.parameters() if p.grad is not None], self.env.world_size)
 

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 # Up to this many gradients on the CPU, their norm is summed in Python (see gradient_norm).
 FEW_TENSORS = 16
+# Up to this many gradient elements on the CPU, the numerics probe is one fused pass (see gradients_probe);
+# where it costs as much as a few sums, measured on x86-64.
+FUSED_PROBE_ELEMENTS = 1 << 16
 # How long shutdown() lets go of the GIL for torch's communication threads to finish (see shutdown()).
 WORKER_DRAIN_S = 0.2
 
@@ -67,7 +70,9 @@ class BackendRuntime:
         self.metrics: Any = None  # the Context's MetricsRecorder (times the communication); None when off
         self.numerics: Any = None  # the Context's NumericsGuard (hpc_train.runtime.numerics)
         self._parameters_of: Any = None  # the model whose parameters _parameters lists
+        self._probe: tuple[Any, Any, Any] | None = None  # gradients_probe's check, flag and scale
         self._parameters: list[Any] = []
+        self._parameter_elements = 0
 
     # -- setup ---------------------------------------------------------------------------
     @functools.cached_property
@@ -218,16 +223,31 @@ class BackendRuntime:
 
     def gradients_probe(self) -> Any:
         """A number finite exactly when every gradient is, for the numerics check when no metrics want the
-        norm: on the CPU, for a few fp32/fp64 gradients, the sum of their sums (inf and NaN carry through a
-        sum, and a sum is the reduction the loop itself runs, where a norm's kernels are cold code that costs
-        a small step several times its microbenchmark: bench/numerics.py); else the norm."""
+        norm; on the CPU, for a few fp32/fp64 gradients, without a norm's cold kernels (bench/numerics.py):
+
+        - up to FUSED_PROBE_ELEMENTS in all, one fused pass: GradScaler's own non-finite check with a scale
+          of 1 (x * 1 keeps every bit), one read, one op fewer than zeroing its flag on every step;
+        - more, the sum of their sums (inf and NaN carry through a sum), where the fused pass's write of
+          every gradient would cost more than the reads of a few sums.
+        """
         grads = self._gradients()
         if not grads:
             return None
         first = grads[0]
         if len(grads) > FEW_TENSORS or not first.is_cpu or first.element_size() < 4:
             return self.gradient_norm()
-        return sum([float(g.sum()) for g in grads])  # summed as Python floats (doubles): fp32 sums cannot overflow
+        if self._parameter_elements > FUSED_PROBE_ELEMENTS:
+            return sum([float(g.sum()) for g in grads])  # summed as Python floats (doubles): fp32 sums cannot overflow
+        if self._probe is None:  # its flag and scale (float32, as GradScaler's), made once
+            import torch
+
+            self._probe = (torch._amp_foreach_non_finite_check_and_unscale_, torch.zeros(1), torch.ones(1))
+        check, found, one = self._probe
+        check(grads, found, one)
+        if not found.item():
+            return 0.0
+        found.zero_()
+        return math.inf
 
     def _gradients(self) -> list[Any]:
         grads = [p.grad for p in self._parameter_list() if p.grad is not None]
@@ -262,6 +282,7 @@ class BackendRuntime:
         model = self.model
         if self._parameters_of is not model:
             self._parameters_of, self._parameters = model, list(model.parameters())
+            self._parameter_elements = sum(p.numel() for p in self._parameters)
         return self._parameters
 
     # -- collectives -------------------------------------------------------------------------

@@ -87,7 +87,6 @@ class NumericsGuard:
     _key: Any = None  # the (device, dtype) of the last loss, and the constants made for it
     _one: Any = None
     _zero: Any = None
-    _host: bool = False  # the loss is on the CPU: read, not seeded (on_backward)
     _agree: tuple[Any, bool] | None = None  # (runtime, runtime.gradients_agree()): fixed once it is set up
     _outcome: BadStep | None = None
     _scale_skipped: bool = False
@@ -109,20 +108,20 @@ class NumericsGuard:
     # -- the hot path ---------------------------------------------------------------------------
     def on_backward(self, loss: Any) -> Any:
         """The loss to differentiate: times 1 if finite, times NaN if not (see the module docstring)."""
-        detach = getattr(loss, "detach", None)
-        if detach is None:
+        on_cpu = getattr(loss, "is_cpu", None)
+        if on_cpu is None:  # not a tensor
             return loss
-        value = detach()
+        # On the CPU reading the loss costs no sync and less than the seed's two ops and its backward node,
+        # so only a bad loss is seeded there (read as it is: a detached copy would be one op more per step).
+        if on_cpu and loss.numel() == 1 and math.isfinite(loss.item()):
+            return loss
+        value = loss.detach()
         key = (value.device, value.dtype)
         if key != self._key:  # the constants once per device and dtype, not per step
             import torch
 
-            self._key, self._host = key, key[0].type == "cpu"
+            self._key = key
             self._one, self._zero = torch.ones((), device=key[0], dtype=key[1]), torch.zeros((), device=key[0], dtype=key[1])
-        # On the CPU reading the loss costs no sync and less than the seed's two ops and its backward node,
-        # so only a bad loss is seeded there.
-        if self._host and value.numel() == 1 and math.isfinite(value.item()):
-            return loss
         # One fused op, no host sync: 1 + loss * 0 is exactly 1 for a finite loss and NaN for inf or NaN
         # (isfinite then where would be two ops and a temporary, every step).
         seed = self._one.addcmul(value, self._zero)

@@ -21,7 +21,7 @@ import torch
 
 from hpc_train import contract
 from hpc_train.jobs import report
-from hpc_train.runtime.base import BackendRuntime
+from hpc_train.runtime.base import FUSED_PROBE_ELEMENTS, BackendRuntime
 from hpc_train.runtime.context import Context
 from hpc_train.runtime.environment import detect
 from hpc_train.runtime.numerics import DivergenceError, NumericsGuard
@@ -215,9 +215,9 @@ def make_ctx(**options) -> Context:
     return Context(env, "torchrun", runtime, metrics=False)
 
 
-def model_and_optimizer(ctx: Context):
+def model_and_optimizer(ctx: Context, inputs: int = 4):
     torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
+    model = torch.nn.Linear(inputs, 1)
     return ctx.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
 
 
@@ -252,19 +252,40 @@ def test_a_non_finite_gradient_with_a_finite_loss_is_skipped_too():
     assert all(p.grad is None for p in model.parameters())  # dropped, not carried into the next step
 
 
+# a few elements: the fused pass; past FUSED_PROBE_ELEMENTS: the sum of sums
+PROBES = pytest.mark.parametrize("inputs", [4, FUSED_PROBE_ELEMENTS + 1], ids=["fused-pass", "sum-of-sums"])
+
+
+@PROBES
 @pytest.mark.parametrize(
     "weight, bias",
     [(math.inf, 0.0), (math.inf, -math.inf), (0.0, math.nan), (3e38, 3e38)],
     ids=["inf", "inf-and-minus-inf-sum-to-nan", "nan", "finite-values-past-fp32-range-together"],
 )
-def test_without_clipping_or_metrics_the_cheaper_probe_finds_every_non_finite_gradient(weight, bias):
-    ctx = make_ctx()  # no --grad-clip, metrics off: the check reads the sum of sums, not the norm
-    model, _ = model_and_optimizer(ctx)
-    ctx.backward(model(torch.randn(8, 4)).mean())
+def test_without_clipping_or_metrics_the_cheaper_probe_finds_every_non_finite_gradient(inputs, weight, bias):
+    ctx = make_ctx()  # no --grad-clip, metrics off: the check reads the probe, not the norm
+    model, _ = model_and_optimizer(ctx, inputs)
+    ctx.backward(model(torch.randn(8, inputs)).mean())
     model.weight.grad[0, 0], model.bias.grad[0] = weight, bias
     finite = all(math.isfinite(v) for v in (weight, bias))  # 3e38 twice: summed as doubles, no false alarm
     assert ctx.step()
     assert [e["reason"] for e in ctx.numerics.events] == ([] if finite else ["gradient"])
+
+
+@PROBES
+def test_after_a_bad_gradient_the_probe_sees_the_next_good_step_as_good(inputs):
+    ctx = make_ctx()
+    model, _ = model_and_optimizer(ctx, inputs)
+    ctx.backward(model(torch.randn(8, inputs)).mean())
+    model.bias.grad[0] = math.nan
+    assert ctx.step()
+    ctx.backward(model(torch.randn(8, inputs)).mean())
+    kept = [p.grad.clone() for p in model.parameters()]
+    before = [p.detach().clone() for p in model.parameters()]
+    assert ctx.step()
+    assert [e["step"] for e in ctx.numerics.events] == [1]  # the flag of step 1 is not step 2's
+    # the probe left the gradients as they were (x * 1): the update is exactly lr times them
+    assert all(torch.equal(p, b.add(g, alpha=-0.1)) for p, b, g in zip(model.parameters(), before, kept))
 
 
 def test_fp16_scaler_overflows_stay_the_scalers_own_and_are_counted_apart():
