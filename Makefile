@@ -83,7 +83,7 @@ bench: install
 bench-cluster: system-deps install
 	@bash tests/cluster/sandbox.sh up
 	SLURM_CONF=/tmp/hpc_train-sandbox/etc/slurm.conf $(PY) bench/sweep.py
-	SLURM_CONF=/tmp/hpc_train-sandbox/etc/slurm.conf $(PY) bench/failover.py
+	SLURM_CONF=/tmp/hpc_train-sandbox/etc/slurm.conf $(PY) bench/failover.py --hold
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache

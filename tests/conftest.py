@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from hpc_train.runtime.environment import DistEnv
 from tests.cluster.pytest_sandbox import sandbox_job_root, slurm_cluster  # noqa: F401  (fixtures for e2e tests)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,14 +52,44 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
+# What a runtime started inside the test process sets in os.environ (BackendRuntime.init, launch): left
+# there, RANK=0 and WORLD_SIZE=1 reach every job a later test starts with the test process's environment,
+# and under mpirun every rank then takes itself for rank 0 (EADDRINUSE at the rendezvous, test order decides)
+DIST_VARIABLES = tuple(DistEnv(0, 0, 1, 1, 0, 1, "localhost", 0, "single").as_torch_env())
+
+
+@pytest.fixture(autouse=True)
+def _dist_variables_restored() -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in DIST_VARIABLES}
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.fixture
 def python_env() -> dict[str, str]:
     """The environment for running `python -m hpc_train` in a subprocess."""
     return dict(os.environ)
 
 
+# Ports are picked below the kernel's ephemeral range (/proc/sys/net/ipv4/ip_local_port_range): a free port
+# from inside it, which binding port 0 gives, can become the local end of any outgoing connection before
+# the ranks bind it (EADDRINUSE, seen in a DeepSpeed test); above the sandbox's master ports (29500 + 0..1999).
+PORTS = range(12000, 29500)
+
+
 def free_port() -> int:
     """A TCP port nobody listens on now: for the rendezvous of ranks a test spawns itself."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    pick = random.SystemRandom()  # a test that seeds `random` must not make every pick the same
+    for _ in range(100):
+        port = pick.choice(PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))  # every address, as torch's store binds
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free TCP port in {PORTS.start}-{PORTS.stop - 1} after 100 tries")

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port
 
 SCRIPT = """\
 import json, sys
@@ -43,12 +42,6 @@ step = ctx.checkpointer(folder / "ckpt").restore()
 Path(folder, f"rank{ctx.rank}.json").write_text(json.dumps({"flags": flags, "step": step}))
 ctx.shutdown()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(backend: str, script: str, folder: str) -> list[str]:

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
-from tests.unit.test_shard_save import free_port
+from tests.conftest import REPO, free_port
 
 SCRIPT = REPO / "tests" / "e2e" / "resume_train.py"  # the sandbox test's loop: losses and samples per step
 STEPS, STOP = 10, 5

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections import Counter
@@ -18,7 +17,7 @@ from torch.utils.data import TensorDataset
 from hpc_train import contract
 from hpc_train.runtime.data import Balance, DistributedLoader
 from hpc_train.runtime.straggler import NAMED_AFTER, Settings, StragglerMonitor
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port
 
 
 def shards(size: int, world: int, batch: int, drop_last: bool) -> list[DistributedLoader]:
@@ -128,12 +127,6 @@ for _ in range(int(sys.argv[1])):
     ctx.step()
 ctx.shutdown()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow

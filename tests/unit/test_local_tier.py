@@ -21,9 +21,9 @@ import pytest
 from hpc_train import contract
 from hpc_train.runtime import local_tier, peer_copy
 from hpc_train.runtime.checkpoint import COMMIT
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port
 from tests.unit.test_checkpoint import tiny_filesystem  # noqa: F401  (a fixture)
-from tests.unit.test_shard_save import SCRIPT, TORCH_ENV, free_port
+from tests.unit.test_shard_save import SCRIPT, TORCH_ENV
 
 
 def launch(

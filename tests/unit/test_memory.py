@@ -21,8 +21,7 @@ from hpc_train.runtime.base import BackendRuntime
 from hpc_train.runtime.context import Context
 from hpc_train.runtime.environment import detect
 from hpc_train.runtime.options import RuntimeOptions
-from tests.conftest import REPO
-from tests.unit.test_runtime_shutdown import free_port
+from tests.conftest import REPO, free_port
 
 # One rank's job: a batch of 2048 needs ~500 MB of activations and gradients, 512 a quarter of that.
 SCRIPT = """\

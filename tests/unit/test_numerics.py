@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ from hpc_train.runtime.context import Context
 from hpc_train.runtime.environment import detect
 from hpc_train.runtime.numerics import DivergenceError, NumericsGuard
 from hpc_train.runtime.options import RuntimeOptions
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port
 
 SCRIPT = """\
 import json, sys
@@ -74,12 +73,6 @@ ctx.shutdown()
 """
 
 TORCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(

@@ -16,7 +16,7 @@ import torch
 
 from hpc_train import contract
 from hpc_train.runtime.boot import FOLDER as BOOT
-from tests.unit.test_runtime_shutdown import free_port
+from tests.conftest import free_port
 from tests.unit.test_watchdog import env
 
 # plain torch: an all-reduce of the gradients by hand, an optimizer step; after 20 steps rank 1 "hangs"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ from hpc_train.runtime.context import Context
 from hpc_train.runtime.environment import detect
 from hpc_train.runtime.options import RuntimeOptions
 from hpc_train.runtime.profiling import Ranges
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port
 
 SCRIPT = """\
 import json, os, sys
@@ -53,12 +52,6 @@ with open(os.environ["NSYS_STUB_LOG"], "a") as f:
 app = next(i for i, a in enumerate(args) if i > 0 and not a.startswith("-"))
 raise SystemExit(subprocess.call(args[app:]))
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def job_env(tmp_path: Path, profile: str, steps: int, **extra: str) -> dict[str, str]:

@@ -10,7 +10,6 @@ at exit -- lets every rank reach the same point and the workers finish first.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -21,7 +20,7 @@ from hpc_train.runtime.base import BackendRuntime
 from hpc_train.runtime.context import Context
 from hpc_train.runtime.environment import DistEnv
 from hpc_train.runtime.options import RuntimeOptions
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port
 
 SCRIPT = """\
 import sys
@@ -47,12 +46,6 @@ elif mode == "raise":
 """
 
 RUNS = {"shutdown": 3, "exit": 3}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_job(tmp_path, mode: str, procs: int = 4) -> subprocess.CompletedProcess[str]:

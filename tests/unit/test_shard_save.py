@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,16 +21,10 @@ from hpc_train import contract
 from hpc_train.resume_shape import SHAPE
 from hpc_train.runtime import shard_save
 from hpc_train.runtime.checkpoint import COMMIT, STATE_FILE
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port
 from tests.unit.test_checkpoint import make, tiny_filesystem  # noqa: F401  (a fixture)
 
 TORCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 SCRIPT = """\

@@ -15,7 +15,7 @@ import pytest
 from hpc_train import contract
 from hpc_train.runtime import straggler
 from hpc_train.runtime.straggler import NAMED_AFTER, Rule, Settings, StragglerMonitor, medians_of_others, slowdowns
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port
 
 THRESHOLD = contract.ENV_STRAGGLER_THRESHOLD
 WINDOW = contract.ENV_STRAGGLER_WINDOW
@@ -191,12 +191,6 @@ ctx.shutdown()
 """
 
 STEPS, WINDOW_STEPS = 200, 20
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_job(tmp_path: Path, slow_rank: int, extra_s: float) -> tuple[subprocess.CompletedProcess[str], Path]:
