@@ -36,6 +36,16 @@ FUSED_PROBE_ELEMENTS = 1 << 16
 WORKER_DRAIN_S = 0.2
 
 
+def _probe_kind(parameters: list[Any]) -> str:
+    """How :meth:`BackendRuntime.gradients_probe` reads these parameters' gradients (the same device and
+    dtype as theirs): "fused", "sums" or "norm"."""
+    if not parameters or len(parameters) > FEW_TENSORS:
+        return "norm"
+    if not all(p.is_cpu and p.is_floating_point() and p.element_size() >= 4 for p in parameters):
+        return "norm"  # a device's gradients: no read before the check's; half precision: sums could overflow
+    return "fused" if sum(p.numel() for p in parameters) <= FUSED_PROBE_ELEMENTS else "sums"
+
+
 class BackendRuntime:
     """torch.distributed from the environment; precision, clipping and accumulation for every backend.
 
@@ -72,7 +82,7 @@ class BackendRuntime:
         self._parameters_of: Any = None  # the model whose parameters _parameters lists
         self._probe: tuple[Any, Any, Any] | None = None  # gradients_probe's check, flag and scale
         self._parameters: list[Any] = []
-        self._parameter_elements = 0
+        self._probe_kind = "norm"  # how gradients_probe reads this model's gradients, decided once per model
 
     # -- setup ---------------------------------------------------------------------------
     @functools.cached_property
@@ -233,10 +243,10 @@ class BackendRuntime:
         grads = self._gradients()
         if not grads:
             return None
-        first = grads[0]
-        if len(grads) > FEW_TENSORS or not first.is_cpu or first.element_size() < 4:
+        kind = self._probe_kind
+        if kind == "norm":
             return self.gradient_norm()
-        if self._parameter_elements > FUSED_PROBE_ELEMENTS:
+        if kind == "sums":
             return sum([float(g.sum()) for g in grads])  # summed as Python floats (doubles): fp32 sums cannot overflow
         if self._probe is None:  # its flag and scale (float32, as GradScaler's), made once
             import torch
@@ -282,7 +292,7 @@ class BackendRuntime:
         model = self.model
         if self._parameters_of is not model:
             self._parameters_of, self._parameters = model, list(model.parameters())
-            self._parameter_elements = sum(p.numel() for p in self._parameters)
+            self._probe_kind = _probe_kind(self._parameters)
         return self._parameters
 
     # -- collectives -------------------------------------------------------------------------
