@@ -129,6 +129,15 @@ class Comparison:
             f"{'':>{len(label)}}  added per step: {self.added_us:+.1f} us wall, {self.added_cpu_us:+.1f} us CPU",
         ]
 
+    def added_lines(self, label: str, target_us: float) -> list[str]:
+        """For one rank, whose step has no communication: the time added is what counts, not the ratio."""
+        verdict = "met" if max(self.added_us, self.added_cpu_us) <= target_us else "NOT met"
+        return [
+            f"{label}: wall {self.ratio:.4f} (blocks {self.low:.3f}-{self.high:.3f}) of a step without communication",
+            f"{'':>{len(label)}}  added per step: {self.added_us:+.1f} us wall, {self.added_cpu_us:+.1f} us CPU"
+            f"  (target <= {target_us:g} us: {verdict})",
+        ]
+
 
 @dataclass(frozen=True)
 class Summary:

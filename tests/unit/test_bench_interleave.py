@@ -39,6 +39,11 @@ def test_the_comparison_is_of_medians_with_the_block_spread_and_the_added_micros
     assert first == "ratio ours/raw: wall 1.0100 (blocks 1.010-1.050), CPU 1.0125  (target <= 1.02, wall and CPU: met)"
     assert second.endswith("added per step: +10.0 us wall, +10.0 us CPU")
     assert "NOT met" in comparison.lines("x", 1.011)[0]  # the wall ratio is under it, the CPU ratio is not
+    # one rank: judged by the microseconds added, the larger of wall and CPU
+    first, second = comparison.added_lines("one rank", 10.5)
+    assert first == "one rank: wall 1.0100 (blocks 1.010-1.050) of a step without communication"
+    assert second.endswith("added per step: +10.0 us wall, +10.0 us CPU  (target <= 10.5 us: met)")
+    assert comparison.added_lines("one rank", 9.5)[1].endswith("(target <= 9.5 us: NOT met)")
 
 
 def test_a_step_is_timed_in_wall_and_cpu_time_with_its_batch_fetched():
