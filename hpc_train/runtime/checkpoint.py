@@ -220,6 +220,8 @@ class Checkpointer:
                 f"{time.monotonic() - started:.1f} s ({where['here']} files on their own node, {where['nodes']} "
                 f"from other nodes, {where['shared']} from {self.folder})"
             )
+        if not choice.on_shared:  # its drain was cut off: finished now, or a move to other nodes would lose it
+            self.tier.start_drain(choice.step, f"restored-{self.run}", restored=True)
         return choice.step
 
     def verify(self, path: Path, marker: str = COMMIT) -> str | None:

@@ -208,12 +208,16 @@ class Tier:
             raise
         self._prune()
 
-    def start_drain(self, step: int, suffix: str) -> None:
-        """The partner copy and the drain to shared storage of committed ``step``, in a thread (leaders)."""
+    def start_drain(self, step: int, suffix: str, *, restored: bool = False) -> None:
+        """The partner copy and the drain to shared storage of committed ``step``, in a thread (leaders).
+
+        ``restored``: a step restored from the nodes' copies alone (its drain was cut off). Every node now
+        holds all of it, so node 0 alone copies it to shared storage, and no partner copy is made."""
         self.error = None
         self.pending = (step, self.shared / f"step-{step:08d}.tmp-{suffix}")
-        if self.leader:
-            self._thread = threading.Thread(target=self._drain, args=self.pending, name="hpc_train-checkpoint-drain", daemon=True)
+        if self.leader and not (restored and self.ctx.node_rank != 0):
+            args = (*self.pending, not restored)
+            self._thread = threading.Thread(target=self._drain, args=args, name="hpc_train-checkpoint-drain", daemon=True)
             self._thread.start()
 
     @property
@@ -225,11 +229,12 @@ class Tier:
             self._thread.join()
             self._thread = None
 
-    def _drain(self, step: int, shared_tmp: Path) -> None:
+    def _drain(self, step: int, shared_tmp: Path, partner: bool) -> None:
         try:
             final = self.final(step)
             marker = json.loads((final / HELD).read_text())
-            self._to_partner(final, marker)
+            if partner:
+                self._to_partner(final, marker)
             shared_tmp.mkdir(parents=True, exist_ok=True)
             for name in marker["held"]:
                 _copy(final / name, shared_tmp / name, marker["digests"][name], marker["digest"])

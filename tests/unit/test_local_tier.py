@@ -124,6 +124,11 @@ def test_a_restart_on_the_same_nodes_restores_from_their_own_disks(saved, tmp_pa
     assert "restored step 2 from node-local storage" in log
     # with two nodes each holds its own files and its partner's: all four, on both
     assert "(8 files on their own node, 0 from other nodes, 0 from" in log
+    # and the drain that was cut off is made now: step 2 is on shared storage again, with the same digests
+    assert "drained step 2 to" in log
+    shared = json.loads((tmp_path / "ckpt" / STEP2 / COMMIT).read_text())
+    assert shared["digests"] == held(node_root(tmp_path, "a") / STEP2)["digests"]
+    assert not list((tmp_path / "ckpt").glob("step-*.tmp-*"))
 
 
 def test_a_restart_with_a_node_replaced_takes_its_files_from_the_partner_copy(saved, tmp_path):
@@ -192,8 +197,12 @@ def test_a_full_shared_disk_is_a_clear_error_and_the_node_copies_are_kept(tiny_f
         assert "No space left on device" in message and "step 2 is committed on node-local storage" in message
         assert f"{tiny_filesystem}: step 1 is the newest there" in message
     assert ranks[0]["error"] == ranks[1]["error"]
-    restored, log = run(tmp_path, {**spec, "mode": "restore"})
+    # the restart restores step 2 from the nodes; its drain to the full disk fails again, and says so
+    _, log = run(tmp_path, {**spec, "mode": "restore"}, fails=True)
+    restored = [json.loads((tmp_path / f"rank{r}-restore.json").read_text()) for r in (0, 1)]
     assert [r["step"] for r in restored] == [2, 2] and "restored step 2 from node-local storage" in log
+    assert "No space left on device; step 2 is committed on node-local storage" in log
+    assert len(list((tmp_path / "local").glob(f"*/hpc_train-job-*/{STEP2}/{peer_copy.HELD}"))) == 2  # kept, both nodes
 
 
 def small_disk(tmp_path: Path, size: str) -> Path:
