@@ -37,7 +37,7 @@ from hpc_train.jobs.handle import RELEASE_MARGIN_S, held_after_requeue  # noqa: 
 SCRIPT = REPO / "tests" / "e2e" / "faulty_train.py"
 
 
-def submit(job_root: Path, spares: int, hang_timeout: int) -> str:
+def submit(job_root: Path, spares: int, hang_timeout: int, agent: bool = True) -> str:
     out = subprocess.run(
         [
             sys.executable,
@@ -59,6 +59,8 @@ def submit(job_root: Path, spares: int, hang_timeout: int) -> str:
             str(hang_timeout),
             "--spare-nodes",
             str(spares),
+            "-o",
+            f"agent={str(agent).lower()}",
             str(SCRIPT),
             "--",
             "--steps",
@@ -118,6 +120,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--hang-timeout", type=int, default=10)
     parser.add_argument("--hold", action="store_true", help="also the requeue path with Slurm's hold kept (~2 min more)")
+    parser.add_argument("--no-agent", action="store_true", help="torchrun's -o agent=false: one srun task per rank")
     args = parser.parse_args()
     paths = [("inside the allocation", 1, True), ("requeue", 0, True)]
     if args.hold:
@@ -126,7 +129,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir="/tmp/hpc_train-sandbox/jobs") as root:
         for _ in range(args.repeats):
             for label, spares, release in paths:
-                job = submit(Path(root), spares, args.hang_timeout)
+                job = submit(Path(root), spares, args.hang_timeout, agent=not args.no_agent)
                 wait(job, release=release)
                 results[label].append(timings(Path(root) / job))
     for label, rows in results.items():

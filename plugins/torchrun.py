@@ -1,16 +1,22 @@
-"""torchrun (torch.distributed.run) DDP: one launcher task per node, which forks the workers."""
+"""torchrun (torch.distributed.run) DDP: one launcher task per node, which forks the workers; or, with
+``agent: false``, one srun task per rank through hpc_train's launch shim (no agent)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from hpc_train import Backend, LaunchInfo, Raw, Word, hookimpl, survive_stop_signal
+from hpc_train import Backend, LaunchInfo, Raw, Word, hookimpl, launch_shim, survive_stop_signal
 from hpc_train.config.fields import Ge, Model, setting
 
 
 @dataclass(frozen=True, kw_only=True)
 class TorchrunOptions(Model):
+    agent: bool = setting(
+        True,
+        "torchrun's agent forks each node's workers (rendezvous, max_restarts, NUMA binding); false: one srun task "
+        "per rank sets torchrun's variables and runs the script, ~2 s sooner at every start and restart",
+    )
     rdzv_backend: Literal["c10d", "static"] = setting("c10d", "rendezvous: c10d store on the first node, or static ranks")
     max_restarts: Annotated[int, Ge(0)] = setting(0, "worker group restarts torchrun itself attempts")
     rdzv_timeout: Annotated[int, Ge(1)] = setting(900, "seconds to wait for all nodes to join")
@@ -29,7 +35,7 @@ class Torchrun(Backend):
     options: TorchrunOptions
 
     def tasks_per_node(self, procs_per_node: int) -> int:
-        return 1
+        return 1 if self.options.agent else procs_per_node
 
     def env(self, info: LaunchInfo) -> dict[str, str]:
         # the task's CPUs shared among its workers (torchrun itself would set 1 when nothing is set)
@@ -37,6 +43,10 @@ class Torchrun(Backend):
         return {"OMP_NUM_THREADS": str(threads)} if threads else {}
 
     def launch(self, info: LaunchInfo) -> list[Word]:
+        if not self.options.agent and info.scheduler != "local":
+            # Without the agent a (re)start imports torch once, not twice, and waits for no rendezvous: the
+            # shim maps srun's variables to RANK/LOCAL_RANK/WORLD_SIZE/MASTER_* and becomes the script
+            return launch_shim(info)
         argv: list[Word] = [info.python, "-m", "torch.distributed.run"]
         if info.scheduler == "local":
             argv += ["--standalone", "--nnodes=1"]

@@ -56,14 +56,19 @@ def records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-@pytest.mark.parametrize("backend, how, spares", [("torchrun", "sleep", 1), ("mpi", "stop", 0)])
+@pytest.mark.parametrize(
+    "backend, options, how, spares",
+    [("torchrun", (), "sleep", 1), ("torchrun", ("-o", "agent=false"), "sleep", 1), ("mpi", (), "stop", 0)],
+    ids=["torchrun", "torchrun-without-agent", "mpi"],
+)
 def test_a_hung_rank_is_named_and_the_run_restarts_elsewhere_from_its_checkpoint(
-    slurm_cluster, sandbox_job_root, backend, how, spares
+    slurm_cluster, sandbox_job_root, backend, options, how, spares
 ):
-    reference = submit(sandbox_job_root, backend, "--no-requeue")
+    reference = submit(sandbox_job_root, backend, "--no-requeue", *options)
     job = submit(
         sandbox_job_root,
         backend,
+        *options,
         "--hang-timeout",
         str(HANG_TIMEOUT),
         "--checkpoint-every",

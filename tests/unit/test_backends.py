@@ -33,6 +33,17 @@ def test_tasks_per_node(plugins, backend, tasks):
     assert ("ntasks-per-node", tasks) in p.directives
 
 
+def test_torchrun_without_its_agent_runs_one_task_per_rank_through_the_shim(plugins):
+    p = plan(plugins, "torchrun", procs_per_node=4, backend_options={"agent": False})
+    assert p.tasks_per_node == 4 and ("ntasks-per-node", 4) in p.directives
+    text = render(p, ())
+    assert "\\\n    /opt/venv/bin/python -m hpc_train.runtime.launch -- /home/alice/project/train.py" in text
+    assert "torch.distributed.run" not in text
+    # the local site has no srun to start the ranks: torchrun's agent does, as with the option on
+    local = render(plan(plugins, "torchrun", site="local", nodes=1, procs_per_node=2, backend_options={"agent": False}), ())
+    assert "-m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=2" in local
+
+
 def test_mpi_style_backends_use_pmix_and_the_shim(plugins):
     for backend in ("mpi", "horovod"):
         text = render(plan(plugins, backend, procs_per_node=2), ())
