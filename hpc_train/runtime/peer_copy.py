@@ -20,7 +20,7 @@ import socket
 import struct
 import threading
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, NoReturn
 
 from hpc_train.runtime.shard_save import fsync_dir
 
@@ -94,6 +94,15 @@ def receive_file(source: Any, target: Path, size: int, digest: str, algorithm: s
         raise
 
 
+def _discard_until_closed(conn: socket.socket) -> None:
+    """After an error reply: read what the sender still sends (the rest of a file that did not fit)
+    until it closes. Closing with its bytes unread would reset the connection, and the sender would
+    see a broken pipe in place of the reason (a full disk)."""
+    conn.shutdown(socket.SHUT_WR)
+    while conn.recv(_CHUNK):
+        pass
+
+
 class Server:
     """Serves ``root`` to the other nodes of the job: ``put`` a file, ``get`` one, ``seal`` a folder."""
 
@@ -125,6 +134,8 @@ class Server:
                 reply = {"error": str(exc) or type(exc).__name__}
             try:
                 _send(conn, reply)
+                if "error" in reply:
+                    _discard_until_closed(conn)
             except OSError:
                 pass
 
@@ -203,7 +214,10 @@ class Client:
             _send(
                 sock, {"token": self.token, "op": "put", "path": relative, "size": size, "digest": digest, "algorithm": algorithm}
             )
-            sock.sendfile(f)
+            try:
+                sock.sendfile(f)
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                _raise_reason(sock, exc)
             self._reply(sock)
 
     def get(self, relative: str, target: Path, digest: str, algorithm: str) -> None:
@@ -218,6 +232,15 @@ class Client:
         with self._connect() as sock:
             _send(sock, {"token": self.token, "op": "seal", "tmp": tmp, "final": final, "marker": marker, "keep": keep})
             self._reply(sock)
+
+
+def _raise_reason(sock: socket.socket, exc: OSError) -> NoReturn:
+    """The peer stopped taking a file: the reason it sent before it closed (a full disk), else ``exc``."""
+    try:
+        reply = _receive(sock)
+    except (OSError, PeerError):
+        raise exc from None
+    raise PeerError(str(reply.get("error") or exc)) from exc
 
 
 def own_address(master_addr: str, master_port: int) -> str:

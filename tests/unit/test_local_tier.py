@@ -331,3 +331,24 @@ def test_another_jobs_token_and_paths_outside_the_folder_are_refused(server, tmp
         with pytest.raises(peer_copy.PeerError, match="not a path inside the checkpoint folder"):
             client.put(path, source, digest(b"abc"), "sha256")
     assert not (tmp_path / "x.bin").exists() and list(served.root.iterdir()) == []
+
+
+def test_a_partner_that_stops_taking_a_large_file_says_why_not_a_broken_pipe(tmp_path):
+    # the file is far larger than the socket buffers: the sender is still sending when the partner fails
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True, text=True)
+    assert out.returncode == 0, f"cannot mount a small tmpfs (needs root): {out.stderr}"
+    served = peer_copy.Server(mount, "secret")
+    try:
+        source = tmp_path / "source.bin"
+        source.write_bytes(os.urandom(32 << 20))
+        checksum = digest(source.read_bytes())
+        with pytest.raises(peer_copy.PeerError, match="No space left on device"):
+            peer_copy.Client(("127.0.0.1", served.port), "secret").put("x.bin", source, checksum, "sha256")
+        assert list(mount.iterdir()) == []  # the part that arrived is gone
+        with pytest.raises(peer_copy.PeerError, match="wrong token"):
+            peer_copy.Client(("127.0.0.1", served.port), "guess").put("x.bin", source, checksum, "sha256")
+    finally:
+        served.close()
+        subprocess.run(["umount", str(mount)], check=False)
