@@ -84,6 +84,7 @@ bench-cluster: system-deps install
 	@bash tests/cluster/sandbox.sh up
 	SLURM_CONF=/tmp/hpc_train-sandbox/etc/slurm.conf $(PY) bench/sweep.py
 	SLURM_CONF=/tmp/hpc_train-sandbox/etc/slurm.conf $(PY) bench/failover.py --hold
+	SLURM_CONF=/tmp/hpc_train-sandbox/etc/slurm.conf $(PY) bench/failover.py --no-agent
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache

@@ -1,7 +1,7 @@
 """Fault to training again on the Slurm sandbox: a restart inside the allocation (a spare node) against
 the requeue path, same job, same fault (needs the cluster up: SLURM_CONF).
 
-    python bench/failover.py [--repeats 2] [--hang-timeout 10]
+    python bench/failover.py [--repeats 2] [--hang-timeout 10] [--hold] [--no-agent]
 
 Each job trains tests/e2e/faulty_train.py on 2 nodes (torchrun, 1 process each); in its first run rank 1
 blocks at step 60. Timed from the job's files:
@@ -14,6 +14,7 @@ blocks at step 60. Timed from the job's files:
   job gets, released here the way `submit --wait` does (after RELEASE_MARGIN_S) -- what a user waits.
   ``--hold`` also runs the requeue path with the hold kept: a site without ``requeue.release_held``, or a
   job nobody waits on, where the hold is part of every requeue (and a real queue's wait comes on top).
+  ``--no-agent`` runs torchrun without its agent (``-o agent=false``: one srun task per rank).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ module load openmpi/4.1.5
 
 # environment; each value says where it came from (site < partition < nccl profile < backend < plugins < job)
 export HPC_TRAIN_BACKEND=torchrun  # hpc_train
-export HPC_TRAIN_BACKEND_OPTIONS='{"rdzv_backend":"c10d","max_restarts":0,"rdzv_timeout":900,"omp_num_threads":null}'  # backend torchrun
+export HPC_TRAIN_BACKEND_OPTIONS='{"agent":true,"rdzv_backend":"c10d","max_restarts":0,"rdzv_timeout":900,"omp_num_threads":null}'  # backend torchrun
 export HPC_TRAIN_CHECKPOINTS_DIR=/shared/checkpoints/alice  # site storage
 export HPC_TRAIN_DATASETS_DIR=/shared/datasets  # site storage
 export HPC_TRAIN_EXCLUDE_SUSPECTS=1  # hpc_train

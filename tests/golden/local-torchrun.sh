@@ -6,7 +6,7 @@ set -eo pipefail
 
 # environment; each value says where it came from (site < partition < nccl profile < backend < plugins < job)
 export HPC_TRAIN_BACKEND=torchrun  # hpc_train
-export HPC_TRAIN_BACKEND_OPTIONS='{"rdzv_backend":"c10d","max_restarts":0,"rdzv_timeout":900,"omp_num_threads":null}'  # backend torchrun
+export HPC_TRAIN_BACKEND_OPTIONS='{"agent":true,"rdzv_backend":"c10d","max_restarts":0,"rdzv_timeout":900,"omp_num_threads":null}'  # backend torchrun
 export HPC_TRAIN_JOB_ROOT=/home/alice/hpc_train/jobs  # hpc_train
 export HPC_TRAIN_NODES=1  # hpc_train
 export HPC_TRAIN_PROCS_PER_NODE=2  # hpc_train

@@ -26,7 +26,7 @@ module load nccl/2.21
 # environment; each value says where it came from (site < partition < nccl profile < backend < plugins < job)
 export ACME_PARTITION=gpu  # plugins
 export HPC_TRAIN_BACKEND=torchrun  # hpc_train
-export HPC_TRAIN_BACKEND_OPTIONS='{"rdzv_backend":"c10d","max_restarts":0,"rdzv_timeout":900,"omp_num_threads":null}'  # backend torchrun
+export HPC_TRAIN_BACKEND_OPTIONS='{"agent":true,"rdzv_backend":"c10d","max_restarts":0,"rdzv_timeout":900,"omp_num_threads":null}'  # backend torchrun
 export HPC_TRAIN_JOB_ROOT=/shared/user/hpc_train/jobs  # hpc_train
 export HPC_TRAIN_NODES=2  # hpc_train
 export HPC_TRAIN_PROCS_PER_NODE=4  # hpc_train
