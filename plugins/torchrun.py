@@ -8,6 +8,8 @@ from typing import Annotated, Literal
 
 from hpc_train import Backend, LaunchInfo, Raw, Word, hookimpl, launch_shim, survive_stop_signal
 from hpc_train.config.fields import Ge, Model, setting
+from hpc_train.errors import ConfigError, Problem
+from hpc_train.submission.plan import JOB
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,6 +40,15 @@ class Torchrun(Backend):
         return 1 if self.options.agent else procs_per_node
 
     def env(self, info: LaunchInfo) -> dict[str, str]:
+        if not self.options.agent and self.options.max_restarts and info.scheduler != "local":
+            raise ConfigError(
+                Problem(
+                    JOB,
+                    "backend option max_restarts",
+                    f"max_restarts={self.options.max_restarts} restarts torchrun's agent's workers, and agent=false starts none",
+                    hint="drop max_restarts (a failed run restarts anyway: --spare-nodes, --on-failure requeue), or keep agent=true",
+                )
+            )
         # the task's CPUs shared among its workers (torchrun itself would set 1 when nothing is set)
         threads = self.options.omp_num_threads or info.cpus_per_proc
         return {"OMP_NUM_THREADS": str(threads)} if threads else {}

@@ -42,6 +42,9 @@ def test_torchrun_without_its_agent_runs_one_task_per_rank_through_the_shim(plug
     # the local site has no srun to start the ranks: torchrun's agent does, as with the option on
     local = render(plan(plugins, "torchrun", site="local", nodes=1, procs_per_node=2, backend_options={"agent": False}), ())
     assert "-m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=2" in local
+    # the agent's own restarts have no agent to run them: refused before submission, not ignored
+    with pytest.raises(ConfigError, match="max_restarts=2 restarts torchrun's agent's workers, and agent=false starts none"):
+        plan(plugins, "torchrun", backend_options={"agent": False, "max_restarts": 2})
 
 
 def test_mpi_style_backends_use_pmix_and_the_shim(plugins):
