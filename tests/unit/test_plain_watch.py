@@ -168,7 +168,9 @@ NEVER_STEPPED = textwrap.dedent("""
 
 
 # before any process group: rank 1 never joins the rendezvous rank 0 waits in ("hang": it sleeps), or
-# joins it after preparing its data, working, for 14 s ("prepare")
+# joins it after preparing its data, working, for 30 s ("prepare"): long enough that the watchdog's second
+# look (its 4 s allowance, then two looks 5 s apart, each waiting up to 5 s for answers, later on a loaded
+# machine) still finds rank 1 working; with 14 s it had once joined and ended, and did not answer
 BEFORE_GROUP = textwrap.dedent("""
     import os, sys, time
     import torch, torch.distributed as dist
@@ -176,7 +178,7 @@ BEFORE_GROUP = textwrap.dedent("""
     if os.environ["RANK"] == "1":
         if how == "hang":
             time.sleep(1000)
-        end = time.time() + 14
+        end = time.time() + 30
         while time.time() < end:
             sum(i * i for i in range(10000))
     dist.init_process_group("gloo")
