@@ -15,6 +15,7 @@ import contextlib
 import datetime
 import functools
 import math
+import operator
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -32,8 +33,19 @@ FEW_TENSORS = 16
 # Up to this many gradient elements on the CPU, the numerics probe is one fused pass (see gradients_probe);
 # where it costs as much as a few sums, measured on x86-64.
 FUSED_PROBE_ELEMENTS = 1 << 16
+# a parameter's gradient, read in C by map(): the per-step walk over the parameters costs less than p.grad in a loop
+_GRAD = operator.attrgetter("grad")
 # How long shutdown() lets go of the GIL for torch's communication threads to finish (see shutdown()).
 WORKER_DRAIN_S = 0.2
+
+
+def _flag_view(flag: Any) -> Any:
+    """What ``[0]`` reads a one-element CPU tensor through each step: a memoryview of its memory (no
+    dispatcher call, as ``.item()`` makes), or the tensor itself where torch was built without numpy."""
+    try:
+        return memoryview(flag.numpy())
+    except (ImportError, RuntimeError):  # "Numpy is not available"
+        return flag
 
 
 def _probe_kind(parameters: list[Any]) -> str:
@@ -80,7 +92,7 @@ class BackendRuntime:
         self.metrics: Any = None  # the Context's MetricsRecorder (times the communication); None when off
         self.numerics: Any = None  # the Context's NumericsGuard (hpc_train.runtime.numerics)
         self._parameters_of: Any = None  # the model whose parameters _parameters lists
-        self._probe: tuple[Any, Any, Any] | None = None  # gradients_probe's check, flag and scale
+        self._probe: tuple[Any, Any, Any, Any] | None = None  # gradients_probe's check, flag, scale and view of the flag
         self._parameters: list[Any] = []
         self._probe_kind = "norm"  # how gradients_probe reads this model's gradients, decided once per model
 
@@ -251,16 +263,17 @@ class BackendRuntime:
         if self._probe is None:  # its flag and scale (float32, as GradScaler's), made once
             import torch
 
-            self._probe = (torch._amp_foreach_non_finite_check_and_unscale_, torch.zeros(1), torch.ones(1))
-        check, found, one = self._probe
+            found = torch.zeros(1)
+            self._probe = (torch._amp_foreach_non_finite_check_and_unscale_, found, torch.ones(1), _flag_view(found))
+        check, found, one, flag = self._probe
         check(grads, found, one)
-        if not found.item():
+        if not flag[0]:
             return 0.0
         found.zero_()
         return math.inf
 
     def _gradients(self) -> list[Any]:
-        grads = [p.grad for p in self._parameter_list() if p.grad is not None]
+        grads = [g for g in map(_GRAD, self._parameter_list()) if g is not None]
         if self.parallel is not None:
             # a tensor-parallel shard's own part (as hpc_train.runtime.parallel._local): ranks then disagree, see gradients_agree
             grads = [getattr(g, "_local_tensor", g) for g in grads]

@@ -24,11 +24,11 @@ skipped twice.
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import time
 from dataclasses import dataclass, field
+from math import isfinite
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from hpc_train import contract
@@ -43,6 +43,15 @@ if TYPE_CHECKING:
 ROLLBACKS_PER_CHECKPOINT = 3
 EVENT = "bad_step"  # the steps.jsonl line of a skipped step (report reads it)
 ROLLBACK_EVENT = "rollback"
+
+
+def _as_float(norm: Any) -> float:
+    """A gradient norm as a number: a tensor's (one read), a DTensor's whole (tensor parallel), 0 for none."""
+    if norm is None:
+        return 0.0
+    if hasattr(norm, "full_tensor"):  # clipping DTensor gradients (tensor parallel) returns a DTensor norm
+        norm = norm.full_tensor()
+    return float(norm)
 
 
 def _log(message: str) -> None:
@@ -87,7 +96,8 @@ class NumericsGuard:
     _key: Any = None  # the (device, dtype) of the last loss, and the constants made for it
     _one: Any = None
     _zero: Any = None
-    _agree: tuple[Any, bool] | None = None  # (runtime, runtime.gradients_agree()): fixed once it is set up
+    _agreed: Any = None  # the runtime _agree is of: runtime.gradients_agree() is fixed once it is set up
+    _agree: bool = True
     _outcome: BadStep | None = None
     _scale_skipped: bool = False
     _rollbacks: dict[int, int] = field(default_factory=dict)
@@ -108,13 +118,18 @@ class NumericsGuard:
     # -- the hot path ---------------------------------------------------------------------------
     def on_backward(self, loss: Any) -> Any:
         """The loss to differentiate: times 1 if finite, times NaN if not (see the module docstring)."""
-        on_cpu = getattr(loss, "is_cpu", None)
-        if on_cpu is None:  # not a tensor
-            return loss
         # On the CPU reading the loss costs no sync and less than the seed's two ops and its backward node,
         # so only a bad loss is seeded there (read as it is: a detached copy would be one op more per step).
-        if on_cpu and loss.numel() == 1 and math.isfinite(loss.item()):
+        try:
+            if loss.is_cpu and isfinite(loss.item()):
+                return loss
+        except AttributeError:  # not a tensor
             return loss
+        except RuntimeError:  # more than one element: seeded as on a device
+            pass
+        return self._seeded(loss)
+
+    def _seeded(self, loss: Any) -> Any:
         value = loss.detach()
         key = (value.device, value.dtype)
         if key != self._key:  # the constants once per device and dtype, not per step
@@ -135,18 +150,17 @@ class NumericsGuard:
         own read of its overflow flag, which then costs next to nothing after this one). ``loss_scaling``:
         a scaler skips overflowing steps itself (fp16), so a non-finite gradient with finite losses is
         left to it."""
-        if hasattr(norm, "full_tensor"):  # clipping DTensor gradients (tensor parallel) returns a DTensor norm
-            norm = norm.full_tensor()
-        value = float(norm) if norm is not None else 0.0
-        finite = math.isfinite(value)
-        if self._agree is None or self._agree[0] is not runtime:
-            self._agree = (runtime, runtime.gradients_agree())
-        if not self._agree[1]:  # ranks hold different parameters: their norms differ
+        value = norm if type(norm) is float else _as_float(norm)  # the CPU probe's float needs no conversion
+        finite = isfinite(value)
+        if self._agreed is not runtime:
+            self._agreed, self._agree = runtime, runtime.gradients_agree()
+        if not self._agree:  # ranks hold different parameters: their norms differ
             finite = not runtime.any_rank(not finite)
         if self.metrics is not None:
             self.metrics.step_scalars({"grad_norm": value})
         if finite:
-            self._seeds.clear()
+            if self._seeds:
+                self._seeds.clear()
             return True
         return not self._judge(runtime, loss_scaling)
 
@@ -192,12 +206,14 @@ class NumericsGuard:
     def after_step(self, checkpointers: list[Checkpointer]) -> None:
         """Count the step just made; stop or roll back after too many bad ones in a row (every rank)."""
         self._steps += 1
-        outcome, self._outcome = self._outcome, None
-        scale_skipped, self._scale_skipped = self._scale_skipped, False
+        outcome = self._outcome
         if outcome is None:
-            if not scale_skipped:  # a scale skip neither counts nor ends the streak
+            if self._scale_skipped:  # a scale skip neither counts nor ends the streak
+                self._scale_skipped = False
+            else:
                 self.consecutive = 0
             return
+        self._outcome, self._scale_skipped = None, False
         self.consecutive += 1
         self.bad_steps += 1
         due = bool(self.max_bad_steps) and self.consecutive >= self.max_bad_steps

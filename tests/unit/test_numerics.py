@@ -20,6 +20,7 @@ import torch
 
 from hpc_train import contract
 from hpc_train.jobs import report
+from hpc_train.runtime import base
 from hpc_train.runtime.base import FUSED_PROBE_ELEMENTS, BackendRuntime
 from hpc_train.runtime.context import Context
 from hpc_train.runtime.environment import detect
@@ -279,6 +280,34 @@ def test_after_a_bad_gradient_the_probe_sees_the_next_good_step_as_good(inputs):
     assert [e["step"] for e in ctx.numerics.events] == [1]  # the flag of step 1 is not step 2's
     # the probe left the gradients as they were (x * 1): the update is exactly lr times them
     assert all(torch.equal(p, b.add(g, alpha=-0.1)) for p, b, g in zip(model.parameters(), before, kept))
+
+
+@pytest.mark.parametrize("bad", [False, True], ids=["finite", "nan"])
+def test_a_loss_of_several_elements_is_seeded_and_judged_as_on_a_device(bad):
+    guard = NumericsGuard()
+    loss = torch.tensor([1.0, math.nan if bad else 2.0], requires_grad=True)
+    seeded = guard.on_backward(loss)
+    assert seeded is not loss and seeded.grad_fn is not None  # multiplied by its seed, in the graph
+    assert torch.equal(seeded.detach(), loss.detach()) or bad  # a finite loss keeps every bit
+    assert guard._loss_bad() is bad
+
+
+def test_what_is_not_a_tensor_passes_through_the_guard_unchanged():
+    guard, loss = NumericsGuard(), 0.5
+    assert guard.on_backward(loss) is loss and guard._seeds == []
+
+
+def test_the_probe_reads_its_flag_from_the_tensor_where_torch_has_no_numpy():
+    class NoNumpy:
+        def numpy(self):
+            raise RuntimeError("Numpy is not available")
+
+    flag = NoNumpy()
+    assert base._flag_view(flag) is flag
+    found = torch.zeros(1)
+    view = base._flag_view(found)
+    found.fill_(1.0)
+    assert view[0] == 1.0  # a view of the flag's memory, not a copy
 
 
 def test_fp16_scaler_overflows_stay_the_scalers_own_and_are_counted_apart():
