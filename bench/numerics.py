@@ -11,11 +11,18 @@ adds. Target <= 1.01 on the default (H=32) model.
 ``--procs 1`` runs one rank (no DDP, no communication) and prints the microseconds the check adds against
 10 (1 % of the default ~1 ms two-rank step): two ranks on two shared cores spread the block ratios wider
 than the 1 % looked for.
+
+Last, the check's own calls timed where they run (``in place``: the loss read, the gradient probe, the
+decision and the streak, each call's median): a figure a neighbour on a shared machine moves far less than
+the with/without difference, which swung from +6 to +97 us between identical runs on a 2-core VM.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
+from collections.abc import Callable
 from typing import Any
 
 import _interleave as bench
@@ -46,7 +53,7 @@ def make_model(hidden: int) -> Any:
     )
 
 
-def measure(ctx: Any, args: argparse.Namespace, hidden: int) -> bench.Summary:
+def measure(ctx: Any, args: argparse.Namespace, hidden: int) -> tuple[bench.Summary, dict[str, float]]:
     import torch
 
     torch.manual_seed(ctx.rank)
@@ -69,7 +76,43 @@ def measure(ctx: Any, args: argparse.Namespace, hidden: int) -> bench.Summary:
             ctx.numerics = ctx.runtime.numerics = guard
 
     runs = bench.interleave({"with": lambda: loop(True), "without": lambda: loop(False)}, args.blocks)
-    return bench.Summary(runs.names, bench.mean_over_ranks(runs.vector(), ctx.all_reduce, ctx.world_size))
+    calls = in_place(ctx, lambda: loop(True), max(1, args.blocks // 3))
+    return bench.Summary(runs.names, bench.mean_over_ranks(runs.vector(), ctx.all_reduce, ctx.world_size)), calls
+
+
+# the check's calls in a step, by what they do: (the object's attribute on the Context, its method)
+CALLS = {
+    "loss read": ("numerics", "on_backward"),
+    "gradient probe": ("runtime", "clip_gradients"),
+    "decision": ("numerics", "check"),
+    "streak": ("numerics", "after_step"),
+}
+
+
+def in_place(ctx: Any, loop: Callable[[], Any], rounds: int) -> dict[str, float]:
+    """Median seconds of each of the check's calls, timed inside ``rounds`` runs of the checked loop."""
+    found: dict[str, list[float]] = {name: [] for name in CALLS}
+
+    def timer(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                found[name].append(time.perf_counter() - start)
+
+        return timed
+
+    owners = {name: getattr(ctx, owner) for name, (owner, _) in CALLS.items()}
+    for name, (_, method) in CALLS.items():  # on the instances: the runtime's step calls self.clip_gradients()
+        setattr(owners[name], method, timer(name, getattr(owners[name], method)))
+    try:
+        for _ in range(rounds):
+            loop()
+    finally:
+        for name, (_, method) in CALLS.items():
+            delattr(owners[name], method)
+    return {name: statistics.median(times) for name, times in found.items()}
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -81,7 +124,7 @@ def worker(args: argparse.Namespace) -> None:
         print(
             f"MLP 64-H-H-1, batch {args.batch}, {ctx.world_size} processes (DDP, gloo), {args.blocks} blocks x {args.steps} steps each loop"
         )
-        for hidden, summary in results.items():
+        for hidden, (summary, calls) in results.items():
             (off_wall, off_cpu), (on_wall, on_cpu) = summary.median("without"), summary.median("with")
             print(
                 f"H={hidden}: without the check {off_wall * 1e3:.3f} ms wall, {off_cpu * 1e3:.3f} ms CPU; "
@@ -91,6 +134,8 @@ def worker(args: argparse.Namespace) -> None:
             lines = comparison.lines(label, TARGET) if ctx.world_size > 1 else comparison.added_lines(label, ADDED_US_TARGET)
             for line in lines:
                 print(line)
+            parts = ", ".join(f"{name} {seconds * 1e6:.1f}" for name, seconds in calls.items())
+            print(f"{'':>{len(label)}}  in place, rank 0: {sum(calls.values()) * 1e6:.1f} us per step ({parts}; timer included)")
     ctx.shutdown()
 
 
