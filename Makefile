@@ -75,6 +75,8 @@ bench: install
 	$(PY) bench/runtime_overhead.py
 	$(PY) bench/runtime_overhead.py --hidden 1024
 	$(PY) bench/runtime_overhead.py --procs 1
+	$(PY) bench/numerics.py --procs 1
+	$(PY) bench/profiling.py
 	$(PY) bench/checkpoint.py
 	$(PY) bench/metrics_overhead.py
 	$(PY) bench/flight_recorder.py
