@@ -12,7 +12,8 @@ the microseconds per step the runtime adds. Target <= 1.02 (about 20 us on the d
 
 Two ranks on two shared cores spread the block ratios over 0.6-1.8 (gloo's threads and the other rank
 compete for the cores), so the 20 us are measured apart with ``--procs 1``: one rank, no DDP in either
-loop, no communication, the same runtime code per step; its blocks agree within a few percent.
+loop, no communication, the same runtime code per step; its blocks agree within a few percent on a quiet
+machine (on a busy shared VM identical runs gave +6 to +97 us).
 
     .venv/bin/python bench/runtime_overhead.py [--steps 100 --blocks 24 --hidden 32 --procs 2]
 """

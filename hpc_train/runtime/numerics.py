@@ -96,7 +96,8 @@ class NumericsGuard:
     _key: Any = None  # the (device, dtype) of the last loss, and the constants made for it
     _one: Any = None
     _zero: Any = None
-    _agreed: Any = None  # the runtime _agree is of: runtime.gradients_agree() is fixed once it is set up
+    # runtime.gradients_agree(), asked once of the runtime in _agreed: it is fixed once the runtime is set up
+    _agreed: Any = None
     _agree: bool = True
     _outcome: BadStep | None = None
     _scale_skipped: bool = False

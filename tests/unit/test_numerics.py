@@ -20,8 +20,7 @@ import torch
 
 from hpc_train import contract
 from hpc_train.jobs import report
-from hpc_train.runtime import base
-from hpc_train.runtime.base import FUSED_PROBE_ELEMENTS, BackendRuntime
+from hpc_train.runtime.base import FUSED_PROBE_ELEMENTS, BackendRuntime, _flag_view
 from hpc_train.runtime.context import Context
 from hpc_train.runtime.environment import detect
 from hpc_train.runtime.numerics import DivergenceError, NumericsGuard
@@ -303,9 +302,9 @@ def test_the_probe_reads_its_flag_from_the_tensor_where_torch_has_no_numpy():
             raise RuntimeError("Numpy is not available")
 
     flag = NoNumpy()
-    assert base._flag_view(flag) is flag
+    assert _flag_view(flag) is flag
     found = torch.zeros(1)
-    view = base._flag_view(found)
+    view = _flag_view(found)
     found.fill_(1.0)
     assert view[0] == 1.0  # a view of the flag's memory, not a copy
 
