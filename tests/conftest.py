@@ -11,9 +11,23 @@ from pathlib import Path
 import pytest
 
 from hpc_train.runtime.environment import DistEnv
-from tests.cluster.pytest_sandbox import sandbox_job_root, slurm_cluster  # noqa: F401  (fixtures for e2e tests)
 
 REPO = Path(__file__).resolve().parent.parent
+# the sandbox's fixtures (slurm_cluster, sandbox_job_root) and its hooks (one cluster for every xdist worker)
+pytest_plugins = ["tests.cluster.pytest_sandbox", "tests.speed_guard"]
+
+
+# Where DeepSpeed keeps the CPU ops it compiles (torch's cpp_extension): one folder for the whole run, its
+# workers and the jobs they submit (which inherit the environment), built once by `make backends`. Under the
+# per-test XDG_CACHE_HOME below each worker, and each job it submitted, compiled its own (22 s wall, 39 s of
+# CPU each, most of the DeepSpeed tests' time on this machine).
+EXTENSIONS = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or REPO / ".venv" / "torch_extensions")
+
+
+@pytest.fixture
+def extensions() -> Path:
+    """DeepSpeed's compiled CPU ops, shared by every test and job of the run (see EXTENSIONS)."""
+    return EXTENSIONS
 
 
 @pytest.fixture(autouse=True)
@@ -27,7 +41,39 @@ def isolated_user(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     monkeypatch.setenv("HPC_TRAIN_STATE_DIR", str(home / "state"))
     monkeypatch.delenv("HPC_TRAIN_SITE_PATH", raising=False)
     monkeypatch.delenv("HPC_TRAIN_DISABLE_PLUGINS", raising=False)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(EXTENSIONS))
     return home
+
+
+# The longest files first, so that pytest-xdist's workers start them at once (with --maxschedchunk 1, make
+# test's setting, each worker holds at most two tests it has not started) and the run does not end on one
+# worker finishing long tests while the others sit idle: in collection order, xdist's first hand-out gave one
+# worker the first 59 tests and the run took 24 min for 57 min of tests on 4 workers. The rest keep their
+# order: cluster and backends, then unit.
+LONGEST_FIRST = (
+    "tests/e2e/test_requeue_cluster.py",
+    "tests/backends/test_resume_backends.py",
+    "tests/e2e/test_failures_cluster.py",
+    "tests/e2e/test_local_tier_cluster.py",
+    "tests/e2e/test_checkpoint_faults_cluster.py",
+    "tests/e2e/test_resume_cluster.py",
+    "tests/e2e/test_clean_exit_cluster.py",
+    "tests/unit/test_numerics.py",
+    "tests/unit/test_local_tier.py",
+    "tests/unit/test_plain_watch.py",
+    "tests/unit/test_shard_save.py",
+)
+
+
+def _order(item: pytest.Item) -> tuple[int, int]:
+    path = item.nodeid.split("::")[0]
+    if path in LONGEST_FIRST:
+        return (0, LONGEST_FIRST.index(path))
+    return (1, 0) if path.startswith(("tests/e2e/", "tests/backends/", "tests/cluster/")) else (2, 0)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_order)  # stable: within a group, the collection's order
 
 
 @pytest.fixture

@@ -16,11 +16,14 @@ the point of the harness, and a silent skip in CI would hide a broken setup.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -64,19 +67,23 @@ def _acquire() -> harness.SandboxCluster:
     if missing:
         pytest.fail(f"Slurm sandbox binaries missing: {', '.join(missing)}; " + harness.INSTALL_HINT, pytrace=False)
     cluster = SandboxCluster()
-    keep = _keep()
-    if not (keep and cluster.is_up()):
-        try:
-            cluster.up()
-        except RuntimeError as exc:
-            if not keep:
-                try:
-                    cluster.down()
-                except RuntimeError:
-                    pass
-            pytest.fail(f"could not start the Slurm sandbox:\n{exc}", pytrace=False)
-    cluster.jobs_dir.mkdir(parents=True, exist_ok=True)
-    _prune_old_job_dirs(cluster.jobs_dir)
+    keep = _keep() or _shared_run() is not None
+    # one cluster for every xdist worker: the first to get here starts it, the others find it up
+    with _cluster_lock(cluster):
+        if not (keep and cluster.is_up()):
+            try:
+                cluster.up()
+            except RuntimeError as exc:
+                if not keep:
+                    try:
+                        cluster.down()
+                    except RuntimeError:
+                        pass
+                pytest.fail(f"could not start the Slurm sandbox:\n{exc}", pytrace=False)
+            if _shared_run() is not None and not _keep():
+                _started_by(cluster).write_text(_shared_run() or "")
+        cluster.jobs_dir.mkdir(parents=True, exist_ok=True)
+        _prune_old_job_dirs(cluster.jobs_dir)
     _STATE.update(users=1, cluster=cluster, keep=keep, old_conf=os.environ.get("SLURM_CONF"))
     os.environ.update(cluster.env())
     return cluster
@@ -94,6 +101,48 @@ def _release() -> None:
         os.environ["SLURM_CONF"] = old
     _STATE.update(cluster=None, session_dir=None)
     if not _STATE["keep"]:
+        cluster.down()
+
+
+# --- one cluster shared by the workers of a `pytest -n N` run -------------------------------------------
+# The controller names the run (RUN_VARIABLE, inherited by the workers it starts); a worker that starts the
+# cluster writes that name into the sandbox folder, and the controller stops the cluster at the end only
+# when its own run started it. Workers never stop it: the others may still be using it.
+RUN_VARIABLE = "HPC_TRAIN_SANDBOX_RUN"
+
+
+def _shared_run() -> str | None:
+    return os.environ.get(RUN_VARIABLE) if os.environ.get("PYTEST_XDIST_WORKER") else None
+
+
+def _started_by(cluster: harness.SandboxCluster) -> Path:
+    return cluster.sandbox_dir / "started-by-run"
+
+
+@contextlib.contextmanager
+def _cluster_lock(cluster: harness.SandboxCluster) -> Iterator[None]:
+    cluster.sandbox_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{cluster.sandbox_dir}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if getattr(config.option, "numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ[RUN_VARIABLE] = f"{os.getpid()}-{time.time():.0f}"
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    run = os.environ.get(RUN_VARIABLE)
+    if os.environ.get("PYTEST_XDIST_WORKER") or run is None or _keep():
+        return
+    cluster = SandboxCluster()
+    marker = _started_by(cluster)
+    if marker.exists() and marker.read_text() == run:
+        marker.unlink()
         cluster.down()
 
 
