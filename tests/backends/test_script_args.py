@@ -13,8 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import hpc_train
 from hpc_train.runtime.argv import ENV_VAR, mark, remove_added
 from tests.conftest import REPO
@@ -56,13 +54,6 @@ child = subprocess.run([sys.executable, "-c", "import json, sys, hpc_train.runti
 """
 
 
-@pytest.fixture
-def extensions(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where DeepSpeed keeps the CPU ops it compiles: kept across test sessions (a build takes a minute or
-    more), in pytest's own temporary root, never the user's cache."""
-    return tmp_path_factory.getbasetemp().parent / "torch_extensions"
-
-
 def run_local(tmp_path: Path, script_text: str, *script_args: str, extensions: Path | None = None) -> tuple[str, Path]:
     """Render the local site's deepspeed job for 2 processes and run it as the local executor does."""
     script = tmp_path / "train.py"
@@ -93,7 +84,6 @@ def run_local(tmp_path: Path, script_text: str, *script_args: str, extensions: P
     return text, out
 
 
-@pytest.mark.slow  # DeepSpeed's start-up, and the first time its CPU all-reduce op is compiled
 def test_runtime_script_reads_exactly_its_arguments_and_trains(tmp_path, extensions):
     (tmp_path / "ds.json").write_text(
         json.dumps({"train_batch_size": 8, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 1}})

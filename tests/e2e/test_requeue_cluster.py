@@ -17,7 +17,7 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.e2e
 SCRIPT = REPO / "examples" / "train_resumable.py"
-STEPS = 500
+STEPS = 200  # enough for a signal at step 40 and checkpoints every 25-50
 
 
 def hpc(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -143,7 +143,21 @@ def interrupted_run(job_root: Path, backend: str, time_limit: bool) -> tuple[str
     return reference, job, timings
 
 
-@pytest.mark.parametrize("backend, time_limit", [("torchrun", True), ("deepspeed", False)])
+# A requeue costs each of these tests a whole second run: Slurm's requeue, the hold the test releases after
+# RELEASE_MARGIN_S, the allocation, and python + torch started again on two nodes (10-15 s of a loaded 2-core
+# machine); with the reference run beside them they take 40-67 s under make test's four workers.
+REQUEUE_RUNS = "a second (or third) run of the job after a requeue, on two nodes, is what this test checks"
+TIME_LIMIT_WAIT = (
+    "a run stopped by its time limit's warning must outlast that warning, and slurmctld looks at time limits every "
+    "30 s (hard-coded): the runs after the administrator's requeue take 60-90 s each on any machine"
+)
+
+
+@pytest.mark.parametrize(
+    "backend, time_limit",
+    [("torchrun", True), ("deepspeed", False)],
+)
+@pytest.mark.slow(reason=TIME_LIMIT_WAIT)
 def test_interruptions_change_nothing(slurm_cluster, sandbox_job_root, backend, time_limit):
     reference, job, timings = interrupted_run(sandbox_job_root, backend, time_limit)
     text = log_text(sandbox_job_root, job)
@@ -159,6 +173,7 @@ def test_interruptions_change_nothing(slurm_cluster, sandbox_job_root, backend, 
 
 
 @pytest.mark.parametrize("backend", ["horovod", "mpi"])
+@pytest.mark.slow(reason=REQUEUE_RUNS)
 def test_a_preemption_changes_nothing(slurm_cluster, sandbox_job_root, backend):
     reference = submit(sandbox_job_root, backend, "--no-requeue")
     job = submit(sandbox_job_root, backend, "--checkpoint-every", "50", script_args=("--step-seconds", "0.03"))
@@ -171,6 +186,7 @@ def test_a_preemption_changes_nothing(slurm_cluster, sandbox_job_root, backend):
     assert_identical(final_params(sandbox_job_root, reference), final_params(sandbox_job_root, job))
 
 
+@pytest.mark.slow(reason=REQUEUE_RUNS)
 def test_restart_budget_stops_a_job_that_always_fails(slurm_cluster, sandbox_job_root):
     # each run gets 12 steps further than the last before rank 1 crashes: progress, so only the budget
     # stops it (a job that fails where it began is ended sooner, by the no-progress rule: test_failures_cluster)
@@ -224,11 +240,18 @@ def watched_state(job_id: str, timeout: float) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def test_crossing_requeues_end_with_the_last_runs_outcome(slurm_cluster, sandbox_job_root):
-    """The race CI once lost, repeated: the ranks' own requeue crossing an administrator's, with the stop
-    signal sent to the batch shell and to every step, then a time limit. Whatever the order, the job's
-    state is its last run's outcome, and the result is as if nothing happened."""
-    steps = 900
+# make test crosses once (the stop signal to every step, then the administrator); make soak four times, with
+# the signal to the batch shell and to every step in turn and the administrator a little later each time
+CROSSINGS = [pytest.param(1, id="once"), pytest.param(4, id="four-times", marks=pytest.mark.soak)]
+
+
+@pytest.mark.parametrize("times", CROSSINGS)
+@pytest.mark.slow(reason=REQUEUE_RUNS)
+def test_crossing_requeues_end_with_the_last_runs_outcome(slurm_cluster, sandbox_job_root, times):
+    """The race CI once lost: the ranks' own requeue crossing an administrator's, with the stop signal sent
+    to the batch shell and to every step, then a time limit. Whatever the order, the job's state is its last
+    run's outcome, and the result is as if nothing happened."""
+    steps = 900 if times > 1 else 300
     reference = submit(sandbox_job_root, "torchrun", "--no-requeue", steps=steps)
     job = submit(
         sandbox_job_root,
@@ -242,8 +265,8 @@ def test_crossing_requeues_end_with_the_last_runs_outcome(slurm_cluster, sandbox
         script_args=("--step-seconds", "0.04"),
         steps=steps,
     )
-    crossings = [["scancel", "--batch", "--signal=USR2", job], ["scancel", "--signal=USR2", job]] * 2
-    for run, signal_cmd in enumerate(crossings, start=1):
+    crossings = [["scancel", "--signal=USR2", job], ["scancel", "--batch", "--signal=USR2", job]] * 2
+    for run, signal_cmd in enumerate(crossings[:times], start=1):
         wait_for(lambda run=run: progress(sandbox_job_root, job, run) >= 20, 240, f"run {run} to train", release=job)
         subprocess.run(signal_cmd, check=True)
         time.sleep(0.3 * run)  # the ranks are stopping, saving or requeueing when the administrator strikes
@@ -262,6 +285,7 @@ def test_crossing_requeues_end_with_the_last_runs_outcome(slurm_cluster, sandbox
 
 
 @pytest.mark.parametrize("backend", ["deepspeed", "horovod", "mpi"])
+@pytest.mark.slow(reason=REQUEUE_RUNS)
 def test_a_stop_signal_to_every_step_is_survived_by_every_launcher(slurm_cluster, sandbox_job_root, backend):
     """``scancel --signal=USR2 JOB`` reaches the ranks and whatever launched them: the same clean stop,
     save and requeue as the batch shell's warning (torchrun's launcher: the crossing test above)."""

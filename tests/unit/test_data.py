@@ -129,7 +129,6 @@ ctx.shutdown()
 """
 
 
-@pytest.mark.slow
 def test_per_rank_samples_per_second_reach_the_metrics_and_the_straggler_rule(tmp_path: Path):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)

@@ -128,13 +128,6 @@ BACKENDS = {
 }
 
 
-@pytest.fixture
-def extensions(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where DeepSpeed keeps the CPU ops it compiles, kept across test sessions (as tests/backends does)."""
-    return tmp_path_factory.getbasetemp().parent / "torch_extensions"
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
 def test_a_nan_on_one_rank_skips_that_step_on_every_rank_as_if_the_batch_were_not_there(tmp_path, backend, extensions):
     env = {**BACKENDS[backend], "TORCH_EXTENSIONS_DIR": str(extensions)}
@@ -163,7 +156,6 @@ def test_a_nan_on_one_rank_skips_that_step_on_every_rank_as_if_the_batch_were_no
     assert "step 6 (run 1): loss not finite on rank 1; skipped" in text and "grad norm" in text
 
 
-@pytest.mark.slow
 def test_bad_steps_in_a_row_stop_the_run_with_a_message_and_the_no_retry_file(tmp_path):
     out = run(
         tmp_path, {"steps": STEPS, "nan_rank": 0, "nan": list(range(4, STEPS)), "skip": []}, env={contract.ENV_MAX_BAD_STEPS: "2"}
@@ -178,7 +170,6 @@ def test_bad_steps_in_a_row_stop_the_run_with_a_message_and_the_no_retry_file(tm
     assert lines(tmp_path)[-1]["event"] == "run_end"  # the metrics were closed as the rank ended
 
 
-@pytest.mark.slow
 def test_rollback_restores_the_last_checkpoint_and_goes_on_past_the_bad_batches(tmp_path):
     # checkpoints after batches 4 and 8; batches 9 and 10 are bad on rank 0: back to 8, on from batch 11
     spec = {"steps": STEPS, "nan_rank": 0, "nan": [9, 10], "skip": [8, 9, 10], "every": 4}

@@ -6,12 +6,9 @@ import subprocess
 import sys
 import zipfile
 
-import pytest
-
 from tests.conftest import REPO, write
 
 
-@pytest.mark.slow
 def test_wheel_installs_into_a_fresh_venv_and_renders(tmp_path):
     dist = tmp_path / "dist"
     subprocess.run(

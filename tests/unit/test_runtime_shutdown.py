@@ -45,7 +45,9 @@ elif mode == "raise":
 # mode "exit": the script ends without shutdown(); init() registered it to run at exit
 """
 
-RUNS = {"shutdown": 3, "exit": 3}
+# make test runs each mode once; make soak five times in a row, where a race that shows one run in ten shows
+REPEATS = [pytest.param(1, id="once"), pytest.param(5, id="5-in-a-row", marks=pytest.mark.soak)]
+MODES = ("exit", "shutdown")
 
 
 def run_job(tmp_path, mode: str, procs: int = 4) -> subprocess.CompletedProcess[str]:
@@ -71,18 +73,17 @@ def run_job(tmp_path, mode: str, procs: int = 4) -> subprocess.CompletedProcess[
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("mode", sorted(RUNS))
-def test_every_rank_exits_cleanly_run_after_run(tmp_path, mode):
+@pytest.mark.parametrize("repeats", REPEATS)
+@pytest.mark.parametrize("mode", MODES)
+def test_every_rank_exits_cleanly_run_after_run(tmp_path, mode, repeats):
     # more processes than cores: a worker thread that is slow to run is what made the race show
-    for attempt in range(RUNS[mode]):
+    for attempt in range(repeats):
         out = run_job(tmp_path / str(attempt), mode)
         assert "terminate called" not in out.stderr, out.stderr[-3000:]
         assert out.returncode == 0, out.stderr[-3000:]
         assert (tmp_path / str(attempt) / "ckpt" / "step-00000003" / "COMMIT").is_file()
 
 
-@pytest.mark.slow
 def test_a_failing_script_exits_with_its_error_not_an_abort_or_a_hang(tmp_path):
     out = run_job(tmp_path, "raise", procs=2)
     assert out.returncode != 0

@@ -18,7 +18,6 @@ import pytest
 from tests.conftest import REPO, write
 
 EXAMPLE = REPO / "examples" / "site_plugin"
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

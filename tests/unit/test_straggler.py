@@ -226,7 +226,6 @@ def rank_windows(metrics: Path) -> list[dict]:
     return [line for line in lines if line.get("event") == "ranks"]
 
 
-@pytest.mark.slow
 def test_a_slow_rank_and_its_host_are_named_within_a_few_windows(tmp_path):
     out, metrics = run_job(tmp_path, slow_rank=2, extra_s=0.012)
     host = socket.gethostname()
@@ -245,7 +244,6 @@ def test_a_slow_rank_and_its_host_are_named_within_a_few_windows(tmp_path):
     assert slowest.count(2) >= len(windows) - 1, windows
 
 
-@pytest.mark.slow
 def test_a_balanced_run_names_nobody_and_still_records_every_window(tmp_path):
     out, metrics = run_job(tmp_path, slow_rank=-1, extra_s=0.0)
     assert not (metrics / contract.STRAGGLERS).exists(), (metrics / contract.STRAGGLERS).read_text()
