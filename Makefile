@@ -7,8 +7,10 @@ PIP := $(PY) -m pip
 # torch is pinned: an unpinned torch pulls a multi-GB CUDA build
 TORCH := torch==2.13.0
 PYTEST_ARGS ?=
+# pytest-xdist workers for make test: they share one sandbox, whose tests mostly wait on the scheduler
+PYTEST_WORKERS ?= 4
 
-.PHONY: help venv install backends horovod system-deps demo lint test test-unit test-e2e cluster-up cluster-down cluster-status bench bench-cluster clean
+.PHONY: help venv install backends horovod deepspeed-ops system-deps demo lint lint-checks test test-unit soak test-gpu test-e2e cluster-up cluster-down cluster-status bench bench-cluster clean
 
 help:
 	@echo "make demo          set up .venv, install, run a 2-process DDP job on the local site"
@@ -31,9 +33,14 @@ install: venv
 	$(PIP) install -q -e ".[test,runtime,report]" "$(TORCH)"
 
 # the backends' frameworks: DeepSpeed and mpi4py from PyPI (torch pinned), Horovod built against our torch
-backends: install
+backends: install system-deps
 	$(PIP) install -q deepspeed mpi4py "$(TORCH)"
-	$(MAKE) horovod
+	$(MAKE) horovod deepspeed-ops
+
+# DeepSpeed's CPU all-reduce op, compiled once where the tests and their jobs look for it (tests/conftest.py)
+deepspeed-ops:
+	TORCH_EXTENSIONS_DIR="$${TORCH_EXTENSIONS_DIR:-$(CURDIR)/$(VENV)/torch_extensions}" $(PY) -c \
+	  "from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder as B; B().load(verbose=False)"
 
 horovod: install
 	bash tools/build_horovod.sh $(VENV)
@@ -46,17 +53,30 @@ demo: install
 	cd examples && ../$(PY) -m hpc_train submit --site local --procs-per-node 2 --follow train_ddp.py -- --steps 60
 
 # fast, first: lint and types (configured in pyproject.toml)
-lint: install
+lint: install lint-checks
+
+lint-checks:
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test: install lint system-deps backends
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+# set-up (apt beside pip, the sandbox's start beside lint), then every test on $(PYTEST_WORKERS) workers;
+# prints each phase's time, the ten slowest tests and the total (tools/make_test.sh)
+test:
+	@bash tools/make_test.sh $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # no cluster, no backend frameworks: what needs those lives in tests/backends, tests/e2e and tests/cluster
 test-unit: install lint
-	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+	@start=$$(date +%s); $(PY) -m pytest tests/unit -n 2 --durations=10 --durations-min=1 $(PYTEST_ARGS); \
+	rc=$$?; echo "make test-unit: pytest $$(( $$(date +%s) - start )) s, exit $$rc"; exit $$rc
+
+# the soak runs: the cluster's interruptions and repetitions, the same assertions many times over
+soak: install system-deps backends
+	$(PY) -m pytest tests -m soak $(PYTEST_ARGS)
+
+# what only a CUDA GPU can check (tests/gpu); without one, each test is skipped with its reason
+test-gpu: install
+	$(PY) -m pytest tests/gpu -m gpu -rs $(PYTEST_ARGS)
 
 test-e2e: system-deps install backends
 	$(PY) -m pytest tests/e2e tests/cluster $(PYTEST_ARGS)

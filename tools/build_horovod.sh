@@ -18,7 +18,12 @@
 # system they are installed with apt-get (set HOROVOD_BUILD_NO_APT=1 to forbid that).
 # CMake >= 3.13 from PATH, else `pip install cmake` into the venv.
 #
+# A built wheel is kept in HOROVOD_WHEEL_CACHE, keyed by everything the build depends on (Horovod, torch,
+# Python, Open MPI, the machine's architecture and CPU): a second venv on the same machine (a fresh clone's
+# `make test`) installs it in seconds instead of compiling for minutes; a fresh machine still builds.
+#
 # Environment knobs:
+#   HOROVOD_WHEEL_CACHE  where built wheels are kept (default /var/cache/hpc_train/horovod; "" = none)
 #   HOROVOD_BUILD_LOG   build log file (default: VENV_DIR/horovod-build.log)
 #   HOROVOD_BUILD_JOBS  parallel compile jobs, default 2 (Horovod's setup.py would otherwise use -j8)
 #   HOROVOD_BUILD_ARCH_FLAGS  passed through if set; unset lets Horovod probe -march=native
@@ -147,6 +152,35 @@ cmake_ok() {
     [[ "${v%%.*}" -gt 3 || ( "${v%%.*}" -eq 3 && "${v#*.}" -ge 13 ) ]]
 }
 
+phase "look for a cached wheel"
+CACHE_ROOT="${HOROVOD_WHEEL_CACHE-/var/cache/hpc_train/horovod}"
+cache_key() {
+    {
+        echo "horovod $HOROVOD_VERSION torch $TORCH_VERSION"
+        "$PY" -c 'import sys, sysconfig; print(sys.version, sysconfig.get_platform())'
+        mpirun --version 2>/dev/null | head -n1
+        uname -m
+        grep -m1 -E '^(model name|flags)' /proc/cpuinfo || true
+        sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1  # this recipe (the patch, the flags)
+    } | sha256sum | cut -c1-16
+}
+CACHE_DIR=""
+if [[ -n "$CACHE_ROOT" ]]; then
+    CACHE_DIR="$CACHE_ROOT/$(cache_key)"
+    wheel="$(ls "$CACHE_DIR"/horovod-"$HOROVOD_VERSION"-*.whl 2>/dev/null | head -n1 || true)"
+    if [[ -n "$wheel" ]]; then
+        log "installing the wheel built earlier on this machine: $wheel"
+        if run_logged "${PIP[@]}" install --no-deps "$wheel" && run_logged "${PIP[@]}" install cloudpickle psutil pyyaml packaging cffi "torch==$TORCH_VERSION" \
+            && "$PY" -c "import horovod.torch" >/dev/null 2>&1 && check_build_ok; then
+            log "horovod $HOROVOD_VERSION installed from the cache in $((SECONDS - T_START))s"
+            echo "horovod $HOROVOD_VERSION installed from $wheel"
+            exit 0
+        fi
+        log "the cached wheel does not work here: building again"
+        rm -f "$wheel"
+    fi
+fi
+
 phase "install build deps"
 BUILD_DEPS=(packaging psutil cloudpickle pyyaml cffi)
 if cmake_ok; then
@@ -188,7 +222,9 @@ HOROVOD_WITHOUT_MXNET=1 \
 HOROVOD_WITH_GLOO=1 \
 HOROVOD_WITH_MPI=1 \
 HOROVOD_CPU_OPERATIONS=gloo \
-    run_logged "${PIP[@]}" install --no-build-isolation --no-cache-dir "$SRC" "torch==$TORCH_VERSION"
+    run_logged "${PIP[@]}" wheel --no-build-isolation --no-deps --no-cache-dir -w "$WORK/wheel" "$SRC"
+built="$(ls "$WORK"/wheel/horovod-*.whl)"
+run_logged "${PIP[@]}" install "$built" "torch==$TORCH_VERSION"
 
 phase "verify"
 after="$("$PY" -c 'import torch; print(torch.__version__)')"
@@ -199,6 +235,12 @@ size="$("$PY" -c "import horovod.torch as hvd; hvd.init(); print(hvd.size())" 2>
     || die "hvd.init() failed (see $BUILD_LOG)"
 [[ "$size" == 1 ]] || die "hvd.init(); hvd.size() printed '$size', expected 1"
 log "hvd.init() ok, size=$size"
+
+if [[ -n "$CACHE_DIR" ]] && mkdir -p "$CACHE_DIR" 2>/dev/null; then
+    # copied under a temporary name and renamed: a build killed halfway never leaves a wheel to reuse
+    cp "$built" "$CACHE_DIR/.partial" && mv "$CACHE_DIR/.partial" "$CACHE_DIR/$(basename "$built")" \
+        && log "wheel kept for the next venv on this machine: $CACHE_DIR/$(basename "$built")"
+fi
 
 phase "done"
 log "horovod $HOROVOD_VERSION built into $VENV in $((SECONDS - T_START))s"

@@ -22,7 +22,8 @@
 #
 # Environment knobs (defaults):
 #   HPC_TRAIN_SANDBOX_DIR=/tmp/hpc_train-sandbox   (slurm.conf is $DIR/etc/slurm.conf)
-#   HPC_TRAIN_SANDBOX_NODES=3   HPC_TRAIN_SANDBOX_CPUS=4 (per node, may exceed real cores)
+#   HPC_TRAIN_SANDBOX_NODES=3   HPC_TRAIN_SANDBOX_CPUS=8 (per node, may exceed real cores: the tests' jobs mostly
+#           wait, and several test workers submit at once; 8 slots a node keep their jobs from queueing)
 #   HPC_TRAIN_SANDBOX_GPUS=4 (fake, per node; 0 = none)   HPC_TRAIN_SANDBOX_MEM=4000 (MB per node)
 #   HPC_TRAIN_SANDBOX_ACCOUNTING=1 (0 = no slurmdbd/MariaDB; sacct will not work)
 #   HPC_TRAIN_SANDBOX_TASK_PLUGIN=task/none (task/affinity: Slurm binds each task to its CPUs;
@@ -38,7 +39,7 @@ set -euo pipefail
 SANDBOX_DIR=${HPC_TRAIN_SANDBOX_DIR:-/tmp/hpc_train-sandbox}
 LAB=$SANDBOX_DIR
 NODES=${HPC_TRAIN_SANDBOX_NODES:-3}
-CPUS=${HPC_TRAIN_SANDBOX_CPUS:-4}
+CPUS=${HPC_TRAIN_SANDBOX_CPUS:-8}
 GPUS=${HPC_TRAIN_SANDBOX_GPUS:-4}
 MEM=${HPC_TRAIN_SANDBOX_MEM:-4000}
 ACCT=${HPC_TRAIN_SANDBOX_ACCOUNTING:-1}
@@ -237,11 +238,15 @@ SelectTypeParameters=CR_Core
 MpiDefault=none
 ReturnToService=2
 SlurmdTimeout=60
+# Tuned for tests, whose jobs are small and short and wait on each other: a pending job is looked at
+# every 2 s (the main loop, default 60 s; backfill, default 30 s), not when the next event happens to
+# come, and a batch job starts without waiting to be batched with others. KillWait stays 5 s: the ranks'
+# save on SIGTERM (an admin's requeue) must fit between SIGTERM and SIGKILL on a loaded 2-core machine.
 KillWait=5
 MinJobAge=$MIN_JOB_AGE
 MaxArraySize=$MAX_ARRAY_SIZE
 SchedulerType=sched/backfill
-SchedulerParameters=batch_sched_delay=0
+SchedulerParameters=batch_sched_delay=0,sched_interval=2,bf_interval=2,sched_min_interval=100000
 SlurmdParameters=config_overrides
 $acct
 JobCompType=jobcomp/none

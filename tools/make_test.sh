@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# make test: set up what the suite needs, start the sandbox, run every test; print each phase's time,
+# the ten slowest tests and the total.
+#
+# The phases overlap where nothing they share can race: the apt packages beside the Python packages (they
+# write different trees), the sandbox's start beside lint (the cluster reads no site-packages; lint writes
+# nothing). The Python packages are installed one pip at a time, so lint always sees the same tree.
+#
+# Usage: tools/make_test.sh WORKERS [PYTEST_ARGS...]     (the Makefile passes $(PYTEST_WORKERS), $(PYTEST_ARGS))
+set -uo pipefail
+cd "$(dirname "$0")/.."
+WORKERS=${1:-4}
+shift || true
+T0=$SECONDS
+LOGS=$(mktemp -d "${TMPDIR:-/tmp}/hpc_train-make-test.XXXXXX")
+
+say() { printf '[make test %4ds] %s\n' "$((SECONDS - T0))" "$*"; }
+fail() {
+    say "FAILED: $1 (log: $2)"
+    tail -n 60 "$2"
+    exit 1
+}
+# phase NAME CMD...: run CMD with its output in a log, and note how long it took
+phase() {
+    local name=$1 start=$SECONDS
+    shift
+    "$@" >"$LOGS/$name.log" 2>&1 || fail "$name" "$LOGS/$name.log"
+    printf '%-12s %4d s\n' "$name" "$((SECONDS - start))" >>"$LOGS/times"  # a file: some phases run in a subshell
+}
+
+say "set-up (logs in $LOGS)"
+# 1. the Debian packages (Slurm, munge, MariaDB, Open MPI) beside the venv and its Python packages
+phase system-deps make --no-print-directory system-deps &
+apt=$!
+phase install make --no-print-directory install
+wait "$apt" || exit 1
+# 2. the backends' frameworks: DeepSpeed, mpi4py (built against Open MPI), Horovod (a cached build if any)
+phase backends make --no-print-directory backends
+# 3. the sandbox's start beside lint
+if [ "${HPC_TRAIN_SANDBOX_KEEP:-}" = 1 ]; then
+    keep=1
+else
+    keep=0
+fi
+phase cluster bash tests/cluster/sandbox.sh up &
+cluster=$!
+phase lint make --no-print-directory lint-checks
+wait "$cluster" || exit 1
+while read -r line; do say "  $line"; done <"$LOGS/times"
+
+say "pytest -n $WORKERS (one sandbox for every worker)"
+start=$SECONDS
+HPC_TRAIN_SANDBOX_KEEP=1 # --maxschedchunk 1: a worker holds at most two tests it has not started, so the longest, which come first
+# (tests/conftest.py), spread over every worker, and an idle worker always finds one to take
+.venv/bin/python -m pytest tests -n "$WORKERS" --maxschedchunk 1 --durations=10 --durations-min=1 "$@"
+rc=$?
+say "pytest: $((SECONDS - start)) s"
+[ "$keep" = 1 ] || bash tests/cluster/sandbox.sh down >/dev/null 2>&1 || say "WARNING: sandbox.sh down failed"
+say "total $((SECONDS - T0)) s ($(((SECONDS - T0) / 60)) min $(((SECONDS - T0) % 60)) s), pytest exit $rc"
+exit "$rc"
