@@ -12,11 +12,12 @@ import textwrap
 import threading
 from pathlib import Path
 
+import pytest
 import torch
 
 from hpc_train import contract
 from hpc_train.runtime.boot import FOLDER as BOOT
-from tests.conftest import free_port
+from tests.conftest import REPO, free_port
 from tests.unit.test_watchdog import env
 
 # plain torch: an all-reduce of the gradients by hand, an optimizer step; after 20 steps rank 1 "hangs"
@@ -263,3 +264,33 @@ def test_a_python_started_by_a_rank_does_not_beat_as_that_rank(tmp_path):
         [sys.executable, "-c", "import torch"], env={**environ, contract.ENV_WATCHED_PID: "1"}, check=True, timeout=120
     )
     assert not beat.exists()  # started with another process's pid as the rank's: not the rank
+
+
+# A DeepSpeed rank where a watchdog runs: the launch shim adds --local_rank=0 (as the deepspeed launcher does),
+# the boot folder's watch starts the plain heartbeat once `import torch` has finished. A script that then
+# imports hpc_train.runtime reads exactly its own arguments; a plain one keeps the launcher's (issue 31).
+ARGV_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import torch
+    if sys.argv[-3] == "runtime":  # before the runtime is imported: the launcher's word may still be first
+        import hpc_train.runtime
+        from hpc_train.runtime.heartbeat import Heartbeat
+        assert Heartbeat is sys.modules["hpc_train.runtime.heartbeat"].Heartbeat
+    print(json.dumps(sys.argv[1:]))
+""")
+
+
+@pytest.mark.parametrize(
+    "kind, seen",
+    [("runtime", ["runtime", "--lr", "1e-4"]), ("plain", ["--local_rank=0", "plain", "--lr", "1e-4"])],
+)
+def test_the_launchers_local_rank_is_taken_off_for_a_runtime_script_where_the_watchdog_runs(tmp_path, kind, seen):
+    script = tmp_path / "train.py"
+    script.write_text(ARGV_SCRIPT)
+    environ = {**env(tmp_path, "30", world=1), "PYTHONPATH": os.pathsep.join([BOOT, str(REPO)]), "RANK": "0"}
+    environ.pop(contract.ENV_WATCHED_PID, None)
+    shim = [sys.executable, "-m", "hpc_train.runtime.launch", "--local-rank-arg", "--", str(script), kind, "--lr", "1e-4"]
+    out = subprocess.run(shim, env=environ, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == seen
+    assert json.loads((tmp_path / "heartbeats" / "rank-0.json").read_text())["plain"] is True  # the watch ran

@@ -9,9 +9,8 @@ step a plain script is judged by its collectives (the watchdog looks twice at th
 script that never steps an optimizer is ended only if its collectives stop. One that uses
 hpc_train.runtime keeps its own heartbeat, which takes over from this one, and the hook stands down.
 
-Loaded by the sitecustomize as ``hpc_train_watch`` (like hpc_train_nsys): importing hpc_train.runtime at
-start-up would take the launch's added arguments off ``sys.argv`` before the script reads them, so the
-heartbeat's import keeps sys.argv as it was.
+Loaded by the sitecustomize as ``hpc_train_watch`` (like hpc_train_nsys). The heartbeat is loaded without
+hpc_train.runtime's ``__init__`` (see _heartbeat_class): that is the script's to run.
 """
 
 from __future__ import annotations
@@ -20,8 +19,10 @@ import atexit
 import contextlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import os
 import sys
+import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -77,6 +78,33 @@ def _register(rank: int) -> None:
         steps.start()
 
 
+RUNTIME = "hpc_train.runtime"
+
+
+def _heartbeat_class() -> Any:
+    """hpc_train.runtime.heartbeat's Heartbeat, loaded without running hpc_train.runtime's ``__init__``.
+
+    That ``__init__`` takes the launch's words (``--local_rank=N``) off ``sys.argv`` and drops their record,
+    for the script that imports it. Run here, right after ``import torch``, it ran before the script's own
+    import, which then found the package loaded and did nothing: a DeepSpeed job's script that imports
+    hpc_train.runtime still got ``--local_rank=0`` as ``sys.argv[1]`` wherever a watchdog runs. So the
+    heartbeat module (which imports only hpc_train.contract) is loaded under a bare stand-in for its
+    package, which is then taken away: the script's import runs the real ``__init__``, which finds the
+    heartbeat module already loaded (one Heartbeat class, shared with the script's Context).
+    """
+    if RUNTIME in sys.modules:  # the script's import of hpc_train.runtime is under way (it imported torch)
+        return importlib.import_module(f"{RUNTIME}.heartbeat").Heartbeat
+    spec = importlib.util.find_spec(RUNTIME)
+    stand_in = types.ModuleType(RUNTIME)
+    stand_in.__path__ = list(spec.submodule_search_locations or []) if spec else []
+    sys.modules[RUNTIME] = stand_in
+    try:
+        return importlib.import_module(f"{RUNTIME}.heartbeat").Heartbeat
+    finally:
+        if sys.modules.get(RUNTIME) is stand_in:
+            del sys.modules[RUNTIME]
+
+
 class _Steps:
     """The global optimizer step post-hook, counting into the rank's plain heartbeat."""
 
@@ -87,10 +115,7 @@ class _Steps:
         self.heartbeat: Any = None  # the Heartbeat class: its ``current`` says whether a Context took over
 
     def start(self) -> None:
-        argv = list(sys.argv)  # hpc_train.runtime takes the launch's words off sys.argv at import: a
-        from hpc_train.runtime.heartbeat import Heartbeat  # plain script keeps what it was given
-
-        sys.argv[:] = argv
+        Heartbeat = _heartbeat_class()
         self.heartbeat = Heartbeat
         self.beat = None if Heartbeat.current is not None else Heartbeat.from_env(self.rank, plain=True)
         if self.beat is None:  # hpc_train.runtime's own heartbeat counts the steps, or none can be written
