@@ -255,6 +255,7 @@ def _checked(
     requeue = _requeue(job, site, res, problems)
     _check_spares(job, site, res, requeue, kind, problems)
     node_check = _node_check(job, site, requeue, kind, problems)
+    _check_hang_timeout(job, site, requeue, kind, problems)
     layout = _layout(job, res, plugins, problems)
     _check_resume(job, res, layout, problems)
     _check_local_tier(job, site, problems)
@@ -480,6 +481,26 @@ def _watchdog(job: JobSpec, site: SiteConfig, requeue: _Requeue) -> bool:
     """
     in_container = job.container if job.container is not None else (site.container.enabled or bool(job.container_image))
     return requeue.enabled and _hang_timeout(job, site) != 0 and not (in_container and site.container.runtime != "none")
+
+
+def _check_hang_timeout(job: JobSpec, site: SiteConfig, requeue: _Requeue, kind: str, problems: _Problems) -> None:
+    """A --hang-timeout given where no watchdog would run is refused, not ignored: a hung rank would sit
+    until the time limit (seen on --site local: 150 s, until killed from outside)."""
+    if not job.hang_timeout or (kind == "script" and _watchdog(job, site, requeue)):
+        return
+    if site.scheduler != "slurm":
+        why = f"site {site.name!r} runs the job on this machine, where nothing restarts a hung run"
+        hint = "submit to a Slurm site (--site sandbox after `make cluster-up`, or your cluster's), or leave --hang-timeout out"
+    elif kind != "script":
+        why, hint = "a function job has no ranks of its own to watch", "submit a script, or leave --hang-timeout out"
+    elif not requeue.enabled:
+        why, hint = "with requeue off, a hung run could not be restarted", "drop --no-requeue"
+    else:
+        why, hint = (
+            "it runs on the batch node, outside the job's container",
+            "run without the container, or leave --hang-timeout out",
+        )
+    problems.add("hang_timeout", f"the hang watchdog does not run here: {why}", hint)
 
 
 def _node_check(job: JobSpec, site: SiteConfig, requeue: _Requeue, kind: str, problems: _Problems) -> bool:

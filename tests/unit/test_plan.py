@@ -438,3 +438,20 @@ def test_a_node_local_folder_that_is_no_absolute_path_is_refused_at_its_line(tmp
         load_site(str(local_tier_site(tmp_path, value)))
     [problem] = info.value.problems
     assert problem.key == "checkpoint_local_dir" and problem.line == 3 and fragment in problem.message
+
+
+@pytest.mark.parametrize(
+    "site, options, why, hint",
+    [
+        ("local", {}, "site 'local' runs the job on this machine, where nothing restarts a hung run", "submit to a Slurm site"),
+        ("sandbox", {"requeue": False}, "with requeue off, a hung run could not be restarted", "drop --no-requeue"),
+    ],
+)
+def test_a_hang_timeout_where_no_watchdog_runs_is_refused_with_where_it_does(plugins, site, options, why, hint):
+    """Issue 31: `--site local --hang-timeout 20s` was accepted and a hung rank sat until killed from outside."""
+    with pytest.raises(ConfigError) as info:
+        plan(plugins, site=site, hang_timeout="20s", **options)
+    message = str(info.value)
+    assert "--hang-timeout: the hang watchdog does not run here" in message and why in message and hint in message, message
+    plan(plugins, site=site, hang_timeout="off", **options)  # turning it off is always fine
+    assert {e.name: e.value for e in plan(plugins, site="sandbox", hang_timeout="20s").env}["HPC_TRAIN_HANG_TIMEOUT"] == "20"
