@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # pytest-xdist workers for make test: they share one sandbox, whose tests mostly wait on the scheduler
 PYTEST_WORKERS ?= 4
 
-.PHONY: help venv install backends horovod deepspeed-ops system-deps demo lint lint-checks test test-unit soak test-gpu test-e2e cluster-up cluster-down cluster-status bench bench-cluster clean
+.PHONY: help venv install backends horovod deepspeed-ops system-deps demo lint lint-checks test test-unit soak test-gpu scenarios test-e2e cluster-up cluster-down cluster-status bench bench-cluster clean
 
 help:
 	@echo "make demo          set up .venv, install, run a 2-process DDP job on the local site"
@@ -73,6 +73,10 @@ test-unit: install lint
 # the soak runs: the cluster's interruptions and repetitions, the same assertions many times over
 soak: install system-deps backends
 	$(PY) -m pytest tests -m soak $(PYTEST_ARGS)
+
+# tests/SCENARIOS.md's "Now" table, from the suite as it is (test_scenarios.py checks it)
+scenarios: install
+	bash tools/scenarios_now.sh
 
 # what only a CUDA GPU can check (tests/gpu); without one, each test is skipped with its reason
 test-gpu: install
