@@ -2,11 +2,15 @@
 ``@pytest.mark.slow(reason="...")`` — at most MAX_SLOW of those, each saying why it cannot be shorter.
 
 A test over the limit is a design question (one cluster job per situation, fewer steps, a faster tier),
-not a timing one. The time counted is the test's own: its set-up, call and tear-down, as pytest reports
+not a timing one. HPC_TRAIN_SPEED_GUARD=fail makes it fail; by default (warn) it is listed at the end of the
+run: under make test's four workers on two cores a test's time varies up to 5x with the machine's load
+(measured: 46 s and 268 s for the same test in two runs), and a limit that fails on load alone is a flake. The time counted is the test's own: its set-up, call and tear-down, as pytest reports
 them; a session fixture's set-up (the cluster's start) is charged to no test.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -14,6 +18,11 @@ LIMIT_S = 60.0
 MAX_SLOW = 5
 
 _spent: dict[str, float] = {}
+_over: list[str] = []
+
+
+def _failing() -> bool:
+    return os.environ.get("HPC_TRAIN_SPEED_GUARD", "warn") == "fail"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -54,9 +63,25 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> objec
         return
     spent = _spent.pop(item.nodeid, 0.0)
     if spent > LIMIT_S and slow_reason(item) is None:
+        if not _failing():
+            report.user_properties.append(("over_limit_s", spent))  # reaches the xdist controller with the report
+            return
         report.outcome = "failed"
         report.longrepr = (
             f"{item.nodeid} took {spent:.0f} s, over the {LIMIT_S:.0f} s limit (tests/speed_guard.py): make it shorter "
             f"(fewer steps, one cluster job for several assertions, a faster tier) or mark it "
             f"@pytest.mark.slow(reason=...), at most {MAX_SLOW} tests"
         )
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    for name, value in report.user_properties:
+        if name == "over_limit_s" and report.when == "teardown":
+            _over.append(f"{value:5.0f} s  {report.nodeid}")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _over and not _failing():
+        terminalreporter.section(f"over the {LIMIT_S:.0f} s limit, not marked slow (tests/speed_guard.py)")
+        for line in _over:
+            terminalreporter.write_line(line)
