@@ -48,12 +48,16 @@ phase lint make --no-print-directory lint-checks
 wait "$cluster" || exit 1
 while read -r line; do say "  $line"; done <"$LOGS/times"
 
-say "pytest -n $WORKERS (one sandbox for every worker)"
+say "pytest -n $WORKERS (one sandbox for every worker), then the serial tests alone"
 start=$SECONDS
-HPC_TRAIN_SANDBOX_KEEP=1 # --maxschedchunk 1: a worker holds at most two tests it has not started, so the longest, which come first
+# --maxschedchunk 1: a worker holds at most two tests it has not started, so the longest, which come first
 # (tests/conftest.py), spread over every worker, and an idle worker always finds one to take
-.venv/bin/python -m pytest tests -n "$WORKERS" --maxschedchunk 1 --durations=10 --durations-min=1 "$@"
+HPC_TRAIN_SANDBOX_KEEP=1 .venv/bin/python -m pytest tests -n "$WORKERS" --maxschedchunk 1 --durations=10 --durations-min=1 \
+    -m "not soak and not gpu and not serial" "$@"
 rc=$?
+HPC_TRAIN_SANDBOX_KEEP=1 .venv/bin/python -m pytest tests --durations=5 --durations-min=1 -m "serial and not soak and not gpu" "$@"
+serial_rc=$?
+[ "$rc" = 0 ] && rc=$serial_rc
 say "pytest: $((SECONDS - start)) s"
 [ "$keep" = 1 ] || bash tests/cluster/sandbox.sh down >/dev/null 2>&1 || say "WARNING: sandbox.sh down failed"
 say "total $((SECONDS - T0)) s ($(((SECONDS - T0) / 60)) min $(((SECONDS - T0) % 60)) s), pytest exit $rc"
