@@ -1,11 +1,12 @@
-"""What keeps `make test` fast: a test that runs over LIMIT_S fails, unless it is marked
-``@pytest.mark.slow(reason="...")`` — at most MAX_SLOW of those, each saying why it cannot be shorter.
+"""What keeps `make test` fast: a test that runs over LIMIT_S and is not marked
+``@pytest.mark.slow(reason="...")`` (at most MAX_SLOW of those, each saying why it cannot be shorter) is
+listed at the end of the run, or fails under HPC_TRAIN_SPEED_GUARD=fail.
 
-A test over the limit is a design question (one cluster job per situation, fewer steps, a faster tier),
-not a timing one. HPC_TRAIN_SPEED_GUARD=fail makes it fail; by default (warn) it is listed at the end of the
-run: under make test's four workers on two cores a test's time varies up to 5x with the machine's load
-(measured: 46 s and 268 s for the same test in two runs), and a limit that fails on load alone is a flake. The time counted is the test's own: its set-up, call and tear-down, as pytest reports
-them; a session fixture's set-up (the cluster's start) is charged to no test.
+A test over the limit is a design question (one cluster job per situation, fewer steps, a faster tier), not
+a timing one. It only warns by default: under make test's four workers on two cores a test's time varies up
+to 5x with the machine's load (46 s and 268 s for the same test in two runs), and a limit that fails on load
+alone is a flake. The time counted is the test's own set-up, call and tear-down; the first test of a worker
+to use the cluster is not charged for starting it.
 """
 
 from __future__ import annotations
