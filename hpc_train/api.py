@@ -4,6 +4,7 @@ import hpc_train
 print(hpc_train.render("train.py", "--lr", "1e-4", site="bluecloud", nodes=4))
 job = hpc_train.submit("train.py", site="sandbox", nodes=2)
 job.wait(); print(job.stdout(rank=0))
+print(job.state, job.why)  # why: how often it was retried and from which step, or why it was not
 job = hpc_train.submit(my_function, 3, site="sandbox", nodes=2)
 print(job.result())
 """

@@ -32,9 +32,14 @@ HANG_RUN = "hang_run"  # the run the watchdog ended (its number): the batch scri
 SUSPECT_NODES = "suspect_nodes.jsonl"  # nodes a hang or crash points at, and why; requeues avoid them
 EXCLUDE_NODES = "exclude_nodes"  # the ExcNodeList the failure path sets after it requeues (comma-separated)
 RUN_START_STEP = "run_start_step"  # "RUN STEP": the newest committed checkpoint when the run began
+RETRIES = "retries.jsonl"  # one line per run end that decided a retry: retried or not, why (hpc_train.runtime.retries)
 STRAGGLERS = "stragglers.jsonl"  # one line per rank named slower than the others (hpc_train.runtime.straggler)
 NODE_CHECKS = "node_checks.jsonl"  # one line per node and run: its check at start-up (hpc_train.runtime.node_check)
 PROFILE = "profile"  # run-R/rank-N.*.pt.trace.json (torch.profiler) or run-R/rank-N.nsys-rep: --profile
+
+# RETRIES' "reason" keys, which the batch script and rank 0 write and hpc_train.jobs.retry_decision explains:
+# a retried run's ("failed", "stopped": the time limit), then the reasons a run was not retried
+RETRY_REASONS = ("failed", "stopped", "no_progress", "no_retry", "restart_budget", "on_failure", "requeue_failed")
 
 # The variables between the two sides: the plan (hpc_train.submission.plan) exports some, the batch
 # script (templates/sbatch/base.sh.j2) sets others as the job runs; the runtime reads them.

@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         "folder": str(handle.folder),
         "log": str(handle.log_path(0)),
         "cause": _cause(handle.folder) if state == "FAILED" else None,
+        **handle.story(state).as_dict(),  # why: retried how often and from where, or why not; retries; not_retried
     }
     if args.json:
         print(json.dumps(data, indent=2))
@@ -64,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         "node_list",
         "elapsed",
         "exit_code",
+        "why",
         "cause",
         "folder",
         "log",

@@ -59,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
     code = handle.exit_code()
     if not args.parsable:
         print(f"job {handle.job_id} {state} (exit {code})", file=sys.stderr)
+        why = handle.story(state).why  # retried, or why not: decided on the compute side, said here
+        if why:
+            print(f"  why: {why}", file=sys.stderr)
         if state == "FAILED":
             from hpc_train.jobs.cause import failure_cause
 

@@ -20,6 +20,7 @@ from typing import Any
 from hpc_train import contract, scontrol
 from hpc_train.errors import SchedulerError, UsageError
 from hpc_train.jobs.poll import JobPoller, runs_started
+from hpc_train.jobs.retry_decision import Story, story
 from hpc_train.jobs.states import (
     ACTIVE_STATES,
     FINAL_OK,
@@ -194,6 +195,17 @@ class JobHandle:
     def runs(self) -> int:
         """How many times the job has started (1 + its requeues), counted by the job itself."""
         return runs_started(self.folder)
+
+    def story(self, state: str | None = None) -> Story:
+        """How often the job was retried and from which steps, and why its last run was not retried
+        (hpc_train.jobs.retry_decision); ``state``: the state just read, to spare the controller a query."""
+        return story(self.folder, state or self.state, self.record.requeue)
+
+    @property
+    def why(self) -> str | None:
+        """One line: the job's retries (how many, from which step) and why it was not retried again; None
+        when there is nothing to say (one run, still running or completed, or no record of why)."""
+        return self.story().why
 
     @property
     def checkpoint_dir(self) -> Path:

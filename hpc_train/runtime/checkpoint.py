@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpc_train import contract
 from hpc_train.contract import COMMIT, committed
-from hpc_train.runtime import checkpoint_files, commit_marker, local_tier, resume, rng_state, shard_save
+from hpc_train.runtime import checkpoint_files, commit_marker, local_tier, resume, retries, rng_state, shard_save
 from hpc_train.runtime.no_retry import refuse_retry
 from hpc_train.runtime.preemption import StopWatcher, log, requeue
 
@@ -588,11 +588,13 @@ class Checkpointer:
         if self.ctx.is_main:
             log(f"run {self.run}: stopping at step {step}: {reason}")
             if self.max_restarts is not None and self.run > self.max_restarts:
-                log(
+                message = (
                     f"restart budget exhausted ({self.max_restarts} restarts); step {step} is saved in {self.folder}, "
                     "resubmit to continue"
                 )
+                log(message)
                 code = EXIT_STOPPED
+                retries.record_here(code, "not_retried", "restart_budget", message)
             else:
                 done, message = requeue()
                 log(message)
@@ -600,6 +602,11 @@ class Checkpointer:
                 marker = os.environ.get(contract.ENV_REQUEUED_FILE)
                 if done and marker:  # the batch script then waits for Slurm instead of ending the job
                     Path(marker).touch()
+                # the batch script decides only after a failure: a stopped run's decision is rank 0's
+                if done:
+                    retries.record_here(code, "requeued", "stopped", reason)
+                else:
+                    retries.record_here(code, "not_retried", "requeue_failed", message)
         code = self.ctx.runtime.gather_object(code)[0]  # rank 0 decided for everyone
         self.watcher.close()
         self.ctx.shutdown()

@@ -12,6 +12,9 @@ ones that are not suspect); ``... failed`` decides after a failed run:
 - the suspect nodes the next run must avoid, when the partition has enough nodes without them
   (written to the exclude file; the script applies it once it has requeued the job).
 
+``... decided ACTION REASON --status N`` records what the script then did, and why, for the login side
+(hpc_train.runtime.retries).
+
 Torch-free and quick: it runs on the batch node between the runs.
 """
 
@@ -25,6 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hpc_train import contract, scontrol
+from hpc_train.runtime import retries
 from hpc_train.runtime.hang_report import first_failures
 from hpc_train.runtime.suspects import NODE_CHECK_REASON, read_suspects, record_suspect
 from hpc_train.runtime.watchdog import log, read_beats
@@ -149,9 +153,22 @@ def after_failure(job_folder: Path, run: int, environ: Mapping[str, str]) -> Non
             exclude.write_text(wanted + "\n")
 
 
+def decided(job_folder: Path, run: int, environ: Mapping[str, str], action: str, reason: str, status: int) -> None:
+    """Record the script's decision after run ``run``. The script sees only that the no-retry file exists;
+    the file holds this module's no-progress reason when that rule wrote it, and a rank's fault otherwise.
+    A fault that would repeat is named over --on-failure fail: a retry would not have helped either."""
+    said = retries.no_retry_text(environ)
+    if reason in ("no_retry", "on_failure") and said:
+        reason = "no_progress" if said == no_progress(job_folder, run) else "no_retry"
+    retries.record(job_folder, run, status, action, reason, environ=environ)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpc_train.runtime.health")
-    parser.add_argument("what", choices=["start", "failed", "nodes"])
+    parser.add_argument("what", choices=["start", "failed", "nodes", "decided"])
+    parser.add_argument("action", nargs="?", choices=retries.ACTIONS, help="decided: what the script did")
+    parser.add_argument("reason", nargs="?", choices=contract.RETRY_REASONS, help="decided: why")
+    parser.add_argument("--status", type=int, default=1, help="decided: the run's exit status")
     parser.add_argument("--anyway", action="store_true", help="nodes: suspects too, when the healthy ones are too few")
     args = parser.parse_args(argv)
     if not os.environ.get(contract.ENV_JOB_FOLDER):
@@ -166,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
             print(",".join(nodes))
         elif args.what == "start":
             record_start(job_folder, run)
+        elif args.what == "decided":
+            decided(job_folder, run, os.environ, args.action or "not_retried", args.reason or "failed", args.status)
         else:
             after_failure(job_folder, run, os.environ)
     except OSError as exc:  # a full disk: the script's own rules (budget, no-retry file) still hold

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpc_train import contract
 from hpc_train.errors import UsageError
 from hpc_train.jobs.handle import save_record, state_dir
 from hpc_train.jobs.poll import LAST_RUN_FILE, RUNS_FILE, EndRule
@@ -330,7 +331,7 @@ class SweepHandle:
         job = validate(JobSpec, self.record.job)
         plan = sweep_plan(job, plugins)
         for task in chosen:  # a new attempt gets a fresh restart budget, and no word from the old one's runs
-            for name in (RUNS_FILE, LAST_RUN_FILE):
+            for name in (RUNS_FILE, LAST_RUN_FILE, contract.RETRIES):
                 (self.task_folder(task) / name).unlink(missing_ok=True)
         arrays = submit_arrays(
             plan, lambda p: render_plan(p, plugins), self.folder, self.record.overrides, chosen, self.record.max_concurrent

@@ -141,11 +141,12 @@ def test_a_plain_scripts_hung_rank_is_named_by_its_optimizer_steps(slurm_cluster
 @pytest.mark.parametrize("spares", [0, 1])
 def test_a_sick_node_is_avoided_inside_the_allocation_or_by_the_requeue(slurm_cluster, sandbox_job_root, spares):
     marker = sandbox_job_root / f"sick-node-{time.time_ns()}"
+    # spares alone retry a crashed run (issue 31: without --on-failure requeue the job ended FAILED, spare unused)
+    retry = () if spares else ("--on-failure", "requeue")
     job = submit(
         sandbox_job_root,
         "torchrun",
-        "--on-failure",
-        "requeue",
+        *retry,
         "--spare-nodes",
         str(spares),
         script_args=("--sick-node", str(marker)),
@@ -163,6 +164,11 @@ def test_a_sick_node_is_avoided_inside_the_allocation_or_by_the_requeue(slurm_cl
         assert "restarting inside the allocation" in text and "requeueing" not in text, text[-3000:]
     else:
         assert f"the next run avoids {sick}" in text and "requeueing" in text, text[-3000:]
+    # status says how the job was retried, without the log
+    told = json.loads(hpc("status", job, "--json").stdout)
+    how = "restarted" if spares else "requeued"
+    assert [(r["run"], r["how"], r["after"]) for r in told["retries"]] == [(2, how, "failed")], told
+    assert told["not_retried"] is None and "retried 1 time" in told["why"], told
 
 
 def test_a_crash_loop_ends_at_the_first_restart_that_makes_no_progress(slurm_cluster, sandbox_job_root):
@@ -185,6 +191,11 @@ def test_a_crash_loop_ends_at_the_first_restart_that_makes_no_progress(slurm_clu
     assert state(job) == "FAILED", text[-3000:]
     assert runs == 2, text[-3000:]  # run 1 failed, its restart failed at the same place: no third try
     assert "failed without getting past the start" in text and "not requeueing" in text, text[-3000:]
+    # the decision reaches the user without the log: status --json says why, and from which step run 2 began
+    status = json.loads(hpc("status", job, "--json").stdout)
+    assert status["not_retried"]["reason"] == "no_progress", status
+    assert "failed without getting past the start" in status["why"], status
+    assert status["retries"] == [{"run": 2, "how": "requeued", "after": "failed", "from_step": -1}], status
 
 
 @pytest.fixture

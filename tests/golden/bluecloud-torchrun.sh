@@ -77,9 +77,14 @@ echo "${HPC_TRAIN_RUN}" > "${HPC_TRAIN_JOB_FOLDER}/runs"
 export HPC_TRAIN_RUN HPC_TRAIN_MAX_RESTARTS=3
 export HPC_TRAIN_DEADLINE=$(( $(date +%s) + 43020 ))
 echo "hpc_train: run ${HPC_TRAIN_RUN} of job ${SLURM_JOB_ID} on $(hostname) at $(date -Is) (restart budget 3)"
-/opt/venv/bin/python -m hpc_train.runtime.health start || true  # where this run begins: the no-progress rule
+# where this run begins: the no-progress rule, and the step each retry continued from (retries.jsonl)
+/opt/venv/bin/python -m hpc_train.runtime.health start || true
+# whether a run that ended is retried, and why: for status and submit --wait, which read no logs
+hpc_train_decided() { /opt/venv/bin/python -m hpc_train.runtime.health decided "$@" --status "${status}" || true; }
 if [ "${HPC_TRAIN_RUN}" -gt $(( HPC_TRAIN_MAX_RESTARTS + 1 )) ]; then
     echo "hpc_train: restart budget exhausted: ${HPC_TRAIN_MAX_RESTARTS} restarts used; not starting run ${HPC_TRAIN_RUN}" >&2
+    status=1
+    hpc_train_decided not_started restart_budget
     exit 1
 fi
 trap 'touch "${HPC_TRAIN_STOP_FILE}"' USR2
@@ -111,9 +116,11 @@ if [ "${status}" -ne 0 ] && [ ! -e "${HPC_TRAIN_STOP_FILE}" ] && [ "${hpc_train_
     /opt/venv/bin/python -m hpc_train.runtime.health failed || true
     if [ -e "${HPC_TRAIN_NO_RETRY_FILE}" ]; then
         echo "hpc_train: run ${HPC_TRAIN_RUN} failed (exit ${status}): $(head -c 2000 "${HPC_TRAIN_NO_RETRY_FILE}"); not requeueing: it would fail the same way" >&2
+        hpc_train_decided not_retried no_retry  # health tells the no-progress rule's reason from a rank's fault
     elif [ "${HPC_TRAIN_RUN}" -le "${HPC_TRAIN_MAX_RESTARTS}" ]; then
         echo "hpc_train: run ${HPC_TRAIN_RUN} failed (exit ${status}); requeueing" >&2
         hpc_train_exclude="${HPC_TRAIN_JOB_FOLDER}/exclude_nodes"
+        hpc_train_decided requeued failed  # before: the requeue's TERM could cut it short; a failed one says so after
         # The requeue sends every process of the job TERM at once, scontrol too: ignored here, so its exit
         # status is the requeue's and the exclusion (taken only once the job is requeued) gets through
         if ( trap '' TERM
@@ -122,10 +129,15 @@ if [ "${status}" -ne 0 ] && [ ! -e "${HPC_TRAIN_STOP_FILE}" ] && [ "${hpc_train_
                  scontrol update JobId="${SLURM_JOB_ID}" ExcNodeList="$(head -n 1 "${hpc_train_exclude}")" || true
              fi ); then
             touch "${HPC_TRAIN_REQUEUED_FILE}"
+        else
+            hpc_train_decided not_retried requeue_failed
         fi
     else
         echo "hpc_train: run ${HPC_TRAIN_RUN} failed (exit ${status}); restart budget exhausted (${HPC_TRAIN_MAX_RESTARTS} restarts)" >&2
+        hpc_train_decided not_retried restart_budget
     fi
+elif [ "${status}" -ne 0 ] && [ ! -e "${HPC_TRAIN_STOP_FILE}" ]; then
+    hpc_train_decided not_retried on_failure  # --on-failure fail: no retry, and no line in the log said so
 fi
 # how this run ended, for the login side: a job that looks finished after a requeued run is not
 if [ -e "${HPC_TRAIN_REQUEUED_FILE}" ]; then

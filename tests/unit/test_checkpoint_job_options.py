@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -41,7 +42,8 @@ def on_failure_branch(text: str) -> str:
     """The rendered lines that decide whether a failed run is requeued (from whether it may be retried)."""
     start = text.index("hpc_train_retry=")
     decision = text.index('if [ "${status}" -ne 0 ] && [ ! -e "${HPC_TRAIN_STOP_FILE}" ] && [ "${hpc_train_retry}" = 1 ]; then')
-    return text[start : text.index("\nfi\n", decision) + 4]
+    decided = text[text.index("hpc_train_decided() {") :].split("\n", 1)[0]  # records each decision (retries.jsonl)
+    return decided + "\n" + text[start : text.index("\nfi\n", decision) + 4]
 
 
 def run_branch(branch: str, folder: Path, run: int = 1) -> subprocess.CompletedProcess:
@@ -70,6 +72,8 @@ def test_a_failure_that_would_repeat_is_not_requeued(script, tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stderr == f"hpc_train: run 1 failed (exit 1): {reason}; not requeueing: it would fail the same way\n"
     assert not (tmp_path / "requeue_requested").exists()
+    decision = json.loads((tmp_path / "retries.jsonl").read_text().splitlines()[-1])
+    assert (decision["action"], decision["reason"], decision["detail"]) == ("not_retried", "no_retry", reason)
     (tmp_path / "no_retry").unlink()
     out = run_branch(branch, tmp_path, run=6)  # any other failure goes on as before (past the budget: no scontrol)
     assert out.stderr == "hpc_train: run 6 failed (exit 1); restart budget exhausted (5 restarts)\n"
