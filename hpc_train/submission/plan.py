@@ -226,7 +226,7 @@ def build_plan(
         max_restarts=job.max_restarts if job.max_restarts is not None else requeue.policy.max_restarts,
         signal=requeue.policy.signal,
         signal_grace=requeue.grace,
-        on_failure=job.on_failure or requeue.policy.on_failure,
+        on_failure=_on_failure(job, requeue),
         release_held=requeue.policy.release_held,
         srun_args=backend.srun_args(info) if script_job else [],
         backend_setup=backend.setup(info) if script_job else [],
@@ -254,6 +254,8 @@ def _checked(
     _check_user(job, resolved, problems)
     requeue = _requeue(job, site, res, problems)
     _check_spares(job, site, res, requeue, kind, problems)
+    _check_requeue_options(job, site, requeue, problems)
+    _check_slurm_only(job, site, problems)
     node_check = _node_check(job, site, requeue, kind, problems)
     _check_hang_timeout(job, site, requeue, kind, problems)
     layout = _layout(job, res, plugins, problems)
@@ -455,6 +457,13 @@ def _check_spares(job: JobSpec, site: SiteConfig, res: _Resources, requeue: _Req
             "spare nodes restart a failed run inside the allocation: that needs a script job on a Slurm site with requeue on",
             "drop --spare-nodes, or add --requeue",
         )
+    if job.on_failure == "fail":
+        problems.add(
+            "spare_nodes",
+            "needs --on-failure requeue (given: --on-failure fail): a run that crashes on a node would end the job "
+            "FAILED with the spares unused",
+            "leave --on-failure out, and a crashed run restarts on a spare; or drop --spare-nodes",
+        )
     total = job.nodes + job.spare_nodes
     if res.part.max_nodes is not None and total > res.part.max_nodes:
         problems.add(
@@ -462,6 +471,57 @@ def _check_spares(job: JobSpec, site: SiteConfig, res: _Resources, requeue: _Req
             f"{job.nodes} nodes + {job.spare_nodes} spare = {total}: partition "
             f"{res.part_name!r} allows at most {res.part.max_nodes}",
             f"use --spare-nodes {max(res.part.max_nodes - job.nodes, 0)} or fewer",
+        )
+
+
+def _on_failure(job: JobSpec, requeue: _Requeue) -> str:
+    """What a crashed run does. Spares are there for a run that fails on a node: without a retry the batch
+    script ends the job FAILED at the first crash, the spares unused (issue 31), so --spare-nodes implies
+    requeue unless --on-failure says otherwise (refused then: _check_spares)."""
+    if job.on_failure is not None:
+        return job.on_failure
+    return "requeue" if job.spare_nodes else requeue.policy.on_failure
+
+
+def _no_requeue_here(job: JobSpec, site: SiteConfig) -> tuple[str, str]:
+    """Why this job does not requeue, and what would change that."""
+    if site.scheduler != "slurm":
+        return f"site {site.name!r} runs the job on this machine; only Slurm sites requeue", "submit to a Slurm site"
+    if job.requeue is False:
+        return "requeue is off (--no-requeue)", "drop --no-requeue"
+    return f"site {site.name!r} has requeue off (requeue.enabled)", "add --requeue"
+
+
+def _check_requeue_options(job: JobSpec, site: SiteConfig, requeue: _Requeue, problems: _Problems) -> None:
+    """The options the requeue acts on, refused where it is off: the batch script has no retry (nor the
+    warning signal) then, and they would do nothing."""
+    if requeue.enabled:
+        return
+    given = {
+        "on_failure": job.on_failure == "requeue",
+        "max_restarts": bool(job.max_restarts),  # 0 restarts is what no requeue does
+        "signal_grace": job.signal_grace is not None,
+    }
+    why, hint = _no_requeue_here(job, site)
+    for key in (k for k, on in given.items() if on):
+        problems.add(key, f"acts through the requeue: {why}", f"{hint}, or leave {flag_of(JobSpec, key)} out")
+
+
+# sbatch options with no counterpart on a site that runs the job on this machine
+SLURM_ONLY = ("account", "qos", "reservation", "constraint", "mem", "sbatch", "after")
+
+
+def _check_slurm_only(job: JobSpec, site: SiteConfig, problems: _Problems) -> None:
+    """Slurm's own options, refused on the local site rather than dropped: nothing there takes them."""
+    if job.after_type != "afterok" and not job.after:  # afterok is the default: not told apart from not given
+        problems.add("after_type", f"{job.after_type} says how the --after jobs must end, and none is given", "add --after JOB")
+    if site.scheduler == "slurm":
+        return
+    for key in (k for k in SLURM_ONLY if getattr(job, k)):
+        problems.add(
+            key,
+            f"an sbatch option, and site {site.name!r} runs the job on this machine, without sbatch",
+            f"submit to a Slurm site, or leave {flag_of(JobSpec, key)} out",
         )
 
 

@@ -455,3 +455,75 @@ def test_a_hang_timeout_where_no_watchdog_runs_is_refused_with_where_it_does(plu
     assert "--hang-timeout: the hang watchdog does not run here" in message and why in message and hint in message, message
     plan(plugins, site=site, hang_timeout="off", **options)  # turning it off is always fine
     assert {e.name: e.value for e in plan(plugins, site="sandbox", hang_timeout="20s").env}["HPC_TRAIN_HANG_TIMEOUT"] == "20"
+
+
+def _step_retry(text: str) -> str:
+    """The line after the step that says whether a failed run is retried (restarted on a spare, or requeued)."""
+    return next(line for line in text.splitlines() if line.startswith("hpc_train_retry="))
+
+
+@pytest.mark.parametrize("options", [{}, {"hang_timeout": "off"}, {"on_failure": "requeue"}])
+def test_spare_nodes_restart_a_run_that_crashed_on_a_node(plugins, options):
+    """Issue 31: `--spare-nodes 1` alone left a crashed run's job FAILED, the spare unused (only hangs were retried)."""
+    from hpc_train.submission.renderer import render
+
+    p = plan(plugins, site="sandbox", nodes=2, spare_nodes=1, **options)
+    assert p.on_failure == "requeue" and ("nodes", 3) in p.directives
+    text = render(p, ())
+    assert _step_retry(text) == "hpc_train_retry=1", text  # a crash is retried: on a spare, else by a requeue
+    assert "restarting inside the allocation" in text
+    # without spares the site's policy stays (sandbox: a crash fails the job)
+    assert plan(plugins, site="sandbox", nodes=2).on_failure == "fail"
+    assert _step_retry(render(plan(plugins, site="sandbox", nodes=2), ())) == "hpc_train_retry=0"
+
+
+def test_spare_nodes_with_on_failure_fail_is_refused_naming_the_pair(plugins):
+    with pytest.raises(ConfigError) as info:
+        plan(plugins, site="sandbox", nodes=2, spare_nodes=1, on_failure="fail")
+    [problem] = info.value.problems
+    assert problem.key == "--spare-nodes"
+    assert "--spare-nodes: needs --on-failure requeue (given: --on-failure fail)" in str(info.value)
+    assert "with the spares unused" in problem.message and "drop --spare-nodes" in problem.hint
+
+
+@pytest.mark.parametrize("option", [{"on_failure": "requeue"}, {"max_restarts": 2}, {"signal_grace": 60}])
+@pytest.mark.parametrize(
+    "site, extra, why, hint",
+    [
+        ("local", {}, "site 'local' runs the job on this machine; only Slurm sites requeue", "submit to a Slurm site"),
+        ("sandbox", {"requeue": False}, "requeue is off (--no-requeue)", "drop --no-requeue"),
+        ("generic-slurm", {}, "site 'generic-slurm' has requeue off (requeue.enabled)", "add --requeue"),
+    ],
+)
+def test_requeue_options_where_nothing_requeues_are_refused_with_what_would(plugins, option, site, extra, why, hint):
+    """Issue 31: `--on-failure requeue` on a site with requeue off rendered no retry at all, silently."""
+    with pytest.raises(ConfigError) as info:
+        plan(plugins, site=site, **option, **extra)
+    [problem] = info.value.problems
+    flag = "--" + next(iter(option)).replace("_", "-")
+    assert problem.key == flag and problem.message == f"acts through the requeue: {why}", problem
+    assert problem.hint == f"{hint}, or leave {flag} out"
+    plan(plugins, site="sandbox", **option)  # where the job requeues, each is honoured
+    plan(plugins, site=site, max_restarts=0, on_failure="fail", **extra)  # what no requeue does anyway
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [("account", "a"), ("qos", "q"), ("reservation", "r"), ("constraint", "c"), ("mem", "4G"), ("after", "12")],
+)
+def test_sbatch_options_on_the_local_site_are_refused_not_dropped(plugins, option, value):
+    flag = "--" + option.replace("_", "-")
+    with pytest.raises(ConfigError) as info:
+        plan(plugins, site="local", **{option: value})
+    [problem] = info.value.problems
+    assert problem.key == flag and "site 'local' runs the job on this machine, without sbatch" in problem.message
+    assert f"leave {flag} out" in problem.hint
+    directives = dict(plan(plugins, site="sandbox", **{option: value}).directives)
+    assert {"after": "dependency"}.get(option, option) in directives
+
+
+def test_an_after_type_without_after_is_refused(plugins):
+    with pytest.raises(ConfigError) as info:
+        plan(plugins, site="sandbox", after_type="afterany")
+    assert "--after-type: afterany says how the --after jobs must end, and none is given" in str(info.value)
+    assert dict(plan(plugins, site="sandbox", after="7", after_type="afterany").directives)["dependency"] == "afterany:7"
