@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
+import shutil
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -139,3 +143,40 @@ def free_port() -> int:
                 continue
             return port
     raise RuntimeError(f"no free TCP port in {PORTS.start}-{PORTS.stop - 1} after 100 tries")
+
+
+def _source_copy(dest: Path) -> Path:
+    """The checkout's files as git sees them (tracked, and untracked ones it does not ignore), copied to ``dest``."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO, capture_output=True, check=True
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        source = REPO / name
+        if source.is_file():  # a tracked file deleted in the work tree is not there to copy
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def hpc_train_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """hpc_train's wheel, built once for the whole run (every xdist worker) from a copy of the checkout.
+
+    Built in the checkout itself, two workers' setuptools shared its build/ and egg-info folders, and one
+    build failed when another cleaned them ("Failed to build one or more wheels", seen in make test)."""
+    shared = tmp_path_factory.getbasetemp().parent  # one folder above every worker's own
+    with open(shared / "hpc_train-wheel.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        dist = shared / "hpc_train-wheel"
+        wheels = sorted(dist.glob("hpc_train-*.whl"))
+        if not wheels:
+            source = _source_copy(shared / "hpc_train-source")
+            built = subprocess.run(
+                [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(source)],
+                capture_output=True,
+                text=True,
+            )
+            assert built.returncode == 0, built.stderr[-3000:]
+            wheels = sorted(dist.glob("hpc_train-*.whl"))
+        assert len(wheels) == 1, wheels
+        return wheels[0]

@@ -9,12 +9,8 @@ import zipfile
 from tests.conftest import REPO, write
 
 
-def test_wheel_installs_into_a_fresh_venv_and_renders(tmp_path):
-    dist = tmp_path / "dist"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(REPO)], check=True, capture_output=True
-    )
-    [wheel] = dist.glob("hpc_train-*.whl")
+def test_wheel_installs_into_a_fresh_venv_and_renders(tmp_path, hpc_train_wheel):
+    wheel = hpc_train_wheel
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "hpc_train/templates/sbatch/base.sh.j2" in names
     assert {"hpc_train/site_configs/bluecloud.yaml", "hpc_train/site_configs/local.yaml"} <= names

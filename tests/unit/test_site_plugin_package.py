@@ -21,31 +21,19 @@ EXAMPLE = REPO / "examples" / "site_plugin"
 
 
 @pytest.fixture(scope="module")
-def venv(tmp_path_factory):
+def venv(tmp_path_factory, hpc_train_wheel):
     """One venv per module: hpc_train's wheel and the example plugin's wheel, deps from the index."""
     root = tmp_path_factory.mktemp("site_plugin")
     dist = root / "dist"
     example = shutil.copytree(EXAMPLE, root / "acme-src", ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     built = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(dist),
-            str(REPO),
-            str(example),
-        ],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(example)],
         check=False,
         capture_output=True,
         text=True,
     )
     assert built.returncode == 0, built.stderr[-3000:]
-    wheels = sorted(str(w) for w in dist.glob("*.whl"))
+    wheels = [str(hpc_train_wheel), *(str(w) for w in dist.glob("*.whl"))]
     assert len(wheels) == 2, wheels
     subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True)
     pip = subprocess.run(
