@@ -9,7 +9,7 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -145,6 +145,13 @@ def free_port() -> int:
     raise RuntimeError(f"no free TCP port in {PORTS.start}-{PORTS.stop - 1} after 100 tries")
 
 
+def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This run's folder, shared by its xdist workers (the parent of each one's own); without xdist the
+    session's own (its parent holds every earlier run: nothing made by an older checkout is taken from there)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 def _source_copy(dest: Path) -> Path:
     """The checkout's files as git sees them (tracked, and untracked ones it does not ignore), copied to ``dest``."""
     listed = subprocess.run(
@@ -164,7 +171,7 @@ def hpc_train_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     Built in the checkout itself, two workers' setuptools shared its build/ and egg-info folders, and one
     build failed when another cleaned them ("Failed to build one or more wheels", seen in make test)."""
-    shared = tmp_path_factory.getbasetemp().parent  # one folder above every worker's own
+    shared = run_folder(tmp_path_factory)
     with open(shared / "hpc_train-wheel.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         dist = shared / "hpc_train-wheel"
@@ -180,3 +187,19 @@ def hpc_train_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
             wheels = sorted(dist.glob("hpc_train-*.whl"))
         assert len(wheels) == 1, wheels
         return wheels[0]
+
+
+def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], object]) -> Path:
+    """A folder that ``make`` fills once for the whole run, whichever xdist worker asks first; the others wait
+    for it under a lock and share it (read only). For a reference that several tests compare with: a module
+    fixture is computed once per worker, and two workers each ran the same 150 s DeepSpeed job."""
+    shared = run_folder(tmp_path_factory)
+    folder, done = shared / name, shared / f"{name}.done"
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # what a worker that failed half-way left
+            folder.mkdir()
+            make(folder)
+            done.touch()
+    return folder

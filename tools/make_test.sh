@@ -48,6 +48,10 @@ phase lint make --no-print-directory lint-checks
 wait "$cluster" || exit 1
 while read -r line; do say "  $line"; done <"$LOGS/times"
 
+# DeepSpeed's CPU op, compiled by `make backends`, for every process of the run: the conftest sets it per test,
+# but a process outside a test (collection, a job whose environment was not the test's) compiled it again
+# into ~/.cache (61 s of CPU, seen with process accounting)
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.venv/torch_extensions}"
 say "pytest -n $WORKERS (one sandbox for every worker), then the serial tests alone"
 start=$SECONDS
 # --maxschedchunk 1: a worker holds at most two tests it has not started, so the longest, which come first

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO, free_port, once_per_run
 
 SCRIPT = REPO / "tests" / "e2e" / "resume_train.py"  # the sandbox test's loop: losses and samples per step
 STEPS, STOP = 10, 5
@@ -46,7 +46,11 @@ def run(
 ) -> dict[int, dict]:
     out = launch(tmp, name, backend, procs, *args, resume_from=resume_from, **extra)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
-    rows = (tmp / name / "resume_steps.jsonl").read_text().splitlines()
+    return steps_of(tmp / name)
+
+
+def steps_of(folder: Path) -> dict[int, dict]:
+    rows = (folder / "resume_steps.jsonl").read_text().splitlines()
     return {row["step"]: row for row in map(json.loads, rows)}
 
 
@@ -81,8 +85,9 @@ ADAM = ("--batch-size", "8", "--adam")  # the optimizer state DeepSpeed's univer
 
 @pytest.fixture(scope="module")
 def adam_straight(tmp_path_factory) -> dict[int, dict]:
-    """The uninterrupted 2-process DeepSpeed run the Adam tests compare with."""
-    return run(tmp_path_factory.mktemp("deepspeed"), "straight", "deepspeed", 2, *ADAM)
+    """The uninterrupted 2-process DeepSpeed run the Adam tests compare with: one for the whole run."""
+    folder = once_per_run(tmp_path_factory, "deepspeed-adam-straight", lambda tmp: run(tmp, "straight", "deepspeed", 2, *ADAM))
+    return steps_of(folder / "straight")
 
 
 def test_deepspeed_zero_partitions_continue_at_another_world_size_and_back(tmp_path, adam_straight):

@@ -15,15 +15,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, write
+from tests.conftest import REPO, once_per_run, write
 
 EXAMPLE = REPO / "examples" / "site_plugin"
 
 
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory, hpc_train_wheel):
-    """One venv per module: hpc_train's wheel and the example plugin's wheel, deps from the index."""
-    root = tmp_path_factory.mktemp("site_plugin")
+    """One venv for the run (every xdist worker): hpc_train's wheel and the example plugin's, deps from the index.
+    Read only: a test that adds a plugin puts it on PYTHONPATH."""
+    return once_per_run(tmp_path_factory, "site_plugin", lambda root: install(root, hpc_train_wheel))
+
+
+def install(root: Path, hpc_train_wheel: Path) -> None:
     dist = root / "dist"
     example = shutil.copytree(EXAMPLE, root / "acme-src", ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     built = subprocess.run(
@@ -43,9 +47,7 @@ def venv(tmp_path_factory, hpc_train_wheel):
         text=True,
     )
     assert pip.returncode == 0, pip.stderr[-3000:]
-    project = root / "project"
-    write(project / "train.py", "print('hi')\n")
-    return root
+    write(root / "project" / "train.py", "print('hi')\n")
 
 
 def cli(venv: Path, *args: str, pythonpath: Path | None = None, **env: str):
