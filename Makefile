@@ -37,10 +37,17 @@ backends: install system-deps
 	$(PIP) install -q deepspeed mpi4py "$(TORCH)"
 	$(MAKE) horovod deepspeed-ops
 
-# DeepSpeed's CPU all-reduce op, compiled once where the tests and their jobs look for it (tests/conftest.py)
+# DeepSpeed's CPU all-reduce op, compiled once where the tests and their jobs look for it (tests/conftest.py):
+# .venv/torch_extensions, a link into a per-machine cache keyed by Python, torch and DeepSpeed where
+# DS_OPS_CACHE is writable, so a second clone on the machine loads it instead of compiling it again (about
+# 60 s of CPU); torch rebuilds it there itself when its sources or flags differ. DS_OPS_CACHE= : no cache.
+DS_OPS_CACHE ?= /var/cache/hpc_train/torch_extensions
 deepspeed-ops:
-	TORCH_EXTENSIONS_DIR="$${TORCH_EXTENSIONS_DIR:-$(CURDIR)/$(VENV)/torch_extensions}" $(PY) -c \
-	  "from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder as B; B().load(verbose=False)"
+	@dir="$${TORCH_EXTENSIONS_DIR:-$(CURDIR)/$(VENV)/torch_extensions}"; \
+	key=$$($(PY) -c "import sys, importlib.metadata as m; print('py%d%d-torch%s-deepspeed%s' % (*sys.version_info[:2], m.version('torch'), m.version('deepspeed')))"); \
+	if [ -z "$${TORCH_EXTENSIONS_DIR:-}" ] && [ -n "$(DS_OPS_CACHE)" ] && [ ! -e "$$dir" ] && mkdir -p "$(DS_OPS_CACHE)/$$key" 2>/dev/null && [ -w "$(DS_OPS_CACHE)/$$key" ]; then \
+	  ln -s "$(DS_OPS_CACHE)/$$key" "$$dir"; echo "deepspeed-ops: $$dir -> $(DS_OPS_CACHE)/$$key"; fi; \
+	TORCH_EXTENSIONS_DIR="$$dir" $(PY) -c "from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder as B; B().load(verbose=False)"
 
 horovod: install
 	bash tools/build_horovod.sh $(VENV)
@@ -65,9 +72,9 @@ lint-checks:
 test:
 	@bash tools/make_test.sh $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
-# no cluster, no backend frameworks: what needs those lives in tests/backends, tests/e2e and tests/cluster
+# no cluster, no backend frameworks: what needs those lives in tests/backends, tests/e2e, tests/cluster, or is marked frameworks
 test-unit: install lint
-	@start=$$(date +%s); $(PY) -m pytest tests/unit -n 2 --durations=10 --durations-min=1 $(PYTEST_ARGS); \
+	@start=$$(date +%s); $(PY) -m pytest tests/unit -n 2 -m "not soak and not gpu and not frameworks" --durations=10 --durations-min=1 $(PYTEST_ARGS); \
 	rc=$$?; echo "make test-unit: pytest $$(( $$(date +%s) - start )) s, exit $$rc"; exit $$rc
 
 # the soak runs: the cluster's interruptions and repetitions, the same assertions many times over

@@ -8,7 +8,7 @@
 #
 # Usage: tools/make_test.sh WORKERS [PYTEST_ARGS...]     (the Makefile passes $(PYTEST_WORKERS), $(PYTEST_ARGS))
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 WORKERS=${1:-4}
 shift || true
 T0=$SECONDS
@@ -54,6 +54,12 @@ while read -r line; do say "  $line"; done <"$LOGS/times"
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.venv/torch_extensions}"
 say "pytest -n $WORKERS (one sandbox for every worker), then the serial tests alone"
 start=$SECONDS
+# how busy the cores were: make test is CPU-bound here, so CPU seconds are what a test costs the run
+read -r _ u0 n0 s0 i0 _ </proc/stat
+if [ -n "${HPC_TRAIN_TEST_CPU:-}" ]; then  # per test, from the processes each one started (tools/test_cpu.py)
+    .venv/bin/python tools/test_cpu.py sample "$LOGS/test_cpu.json" &
+    sampler=$!
+fi
 # --maxschedchunk 1: a worker holds at most two tests it has not started, so the longest, which come first
 # (tests/conftest.py), spread over every worker, and an idle worker always finds one to take
 HPC_TRAIN_SANDBOX_KEEP=1 .venv/bin/python -m pytest tests -n "$WORKERS" --maxschedchunk 1 --durations=10 --durations-min=1 \
@@ -63,6 +69,13 @@ HPC_TRAIN_SANDBOX_KEEP=1 .venv/bin/python -m pytest tests --durations=5 --durati
 serial_rc=$?
 [ "$rc" = 0 ] && rc=$serial_rc
 say "pytest: $((SECONDS - start)) s"
+read -r _ u1 n1 s1 i1 _ </proc/stat
+tck=$(getconf CLK_TCK)
+say "  CPU: $(( (u1 + n1 + s1 - u0 - n0 - s0) / tck )) s busy, $(( (i1 - i0) / tck )) s idle, over $(nproc) cores"
+if [ -n "${sampler:-}" ]; then
+    kill "$sampler" && wait "$sampler"
+    .venv/bin/python tools/test_cpu.py report "$LOGS/test_cpu.json" 20
+fi
 [ "$keep" = 1 ] || bash tests/cluster/sandbox.sh down >/dev/null 2>&1 || say "WARNING: sandbox.sh down failed"
 say "total $((SECONDS - T0)) s ($(((SECONDS - T0) / 60)) min $(((SECONDS - T0) % 60)) s), pytest exit $rc"
 exit "$rc"

@@ -240,6 +240,8 @@ class Context:
             if orderly:
                 for checkpointer in self._checkpointers:
                     checkpointer.close()  # joins the async writer and the stop watcher (a collective)
+                if self.is_main and not self._checkpointers:
+                    _unused_checkpoint_options(os.environ)
                 self.runtime.barrier()
         finally:
             if self.heartbeat is not None:
@@ -300,3 +302,24 @@ def init(backend: str | None = None, **defaults: Any) -> Context:
     # is still intact, unlike the finalization that would otherwise tear the backend down
     atexit.register(ctx._at_exit)
     return ctx
+
+
+# the job's checkpoint options, which only a checkpointer reads (hpc_train.runtime.checkpoint)
+CHECKPOINT_OPTIONS = {
+    contract.ENV_CHECKPOINT_EVERY: "--checkpoint-every",
+    contract.ENV_KEEP_CHECKPOINTS: "--keep-checkpoints",
+    contract.ENV_ASYNC_CHECKPOINT: "--async-checkpoint",
+}
+
+
+def _unused_checkpoint_options(environ: Any) -> None:
+    """Say so when the job was given checkpoint options and the script never made a checkpointer: the
+    options were accepted at submission (the script's code is not read there) and would do nothing unsaid."""
+    given = [flag for name, flag in CHECKPOINT_OPTIONS.items() if environ.get(name)]
+    if given:
+        print(
+            f"hpc_train: {', '.join(given)} given, but this script made no checkpointer (ctx.checkpointer()): "
+            "nothing was saved, and a requeued run starts from step 0 (docs/checkpointing.md)",
+            file=sys.stderr,
+            flush=True,
+        )

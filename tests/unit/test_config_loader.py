@@ -188,7 +188,7 @@ def test_alias_bomb_is_refused_at_once(site_dir):
 
     started = time.monotonic()
     text = _problems(site_dir, bomb)
-    assert time.monotonic() - started < 1
+    assert time.monotonic() - started < 10  # an unbounded expansion takes minutes; 10 s holds on a loaded machine
     assert "mine.yaml:6: this value holds more than 100000 values once its aliases are expanded" in text
 
 

@@ -115,6 +115,7 @@ def lines(tmp_path: Path) -> list[dict]:
 
 
 STEPS = 16
+FRAMEWORKS = pytest.mark.frameworks  # mpirun, Horovod, DeepSpeed: not in make test-unit
 
 
 # DeepSpeed: its ZeRO optimizer skips a non-finite step itself (counted, not skipped twice); without ZeRO
@@ -128,7 +129,7 @@ BACKENDS = {
 }
 
 
-@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("backend", [b if b == "torchrun" else pytest.param(b, marks=FRAMEWORKS) for b in sorted(BACKENDS)])
 def test_a_nan_on_one_rank_skips_that_step_on_every_rank_as_if_the_batch_were_not_there(tmp_path, backend, extensions):
     env = {**BACKENDS[backend], "TORCH_EXTENSIONS_DIR": str(extensions)}
     launcher = "torchrun" if backend.startswith("deepspeed") else backend

@@ -131,3 +131,20 @@ def test_at_exit_after_an_uncaught_exception_stops_this_process_without_collecti
     ctx._at_exit()
     assert calls == ["shutdown"]  # the other ranks may be gone: a barrier could hang
     ckpt.close()  # give pytest its signal handlers back
+
+
+@pytest.mark.parametrize("checkpointer", [False, True], ids=["no-checkpointer", "a-checkpointer"])
+def test_checkpoint_options_a_script_never_reads_are_named_at_its_end(tmp_path, monkeypatch, capsys, checkpointer):
+    """Issue 31: --checkpoint-every with a script that makes no checkpointer was accepted and did nothing unsaid
+    (submission cannot read the script); the end of the run says so, once, on rank 0."""
+    monkeypatch.setenv("HPC_TRAIN_CHECKPOINT_EVERY", "50")
+    monkeypatch.setenv("HPC_TRAIN_ASYNC_CHECKPOINT", "1")
+    ctx = Context(DistEnv(0, 0, 1, 1, 0, 1, "127.0.0.1", 29500, "single"), "torchrun", RecordingRuntime([]), metrics=False)
+    if checkpointer:
+        ctx.checkpointer(tmp_path / "ckpt")
+    ctx.shutdown()
+    said = capsys.readouterr().err
+    if checkpointer:
+        assert "made no checkpointer" not in said
+    else:
+        assert said.count("--checkpoint-every, --async-checkpoint given, but this script made no checkpointer") == 1, said

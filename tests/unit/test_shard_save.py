@@ -177,7 +177,7 @@ def test_a_view_is_written_without_its_whole_buffer(tmp_path):
 
 
 # -- real ranks ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("backend", ["torchrun", "horovod", "mpi"])
+@pytest.mark.parametrize("backend", ["torchrun", *(pytest.param(b, marks=pytest.mark.frameworks) for b in ("horovod", "mpi"))])
 def test_every_rank_writes_its_share_and_any_world_size_restores_it(tmp_path, backend):
     ranks = run(tmp_path, {"mode": "train", "steps": 4, "every": 4}, backend)
     path = tmp_path / "ckpt" / "step-00000004"

@@ -1,0 +1,83 @@
+"""Where make test's CPU goes, per test: every process a test starts (its subprocesses, the Slurm jobs it
+submits and their ranks) inherits PYTEST_CURRENT_TEST, so reading /proc once a second attributes each
+process's CPU to the test that caused it. On this 2-core machine make test is CPU-bound (the cores ~90%
+busy), so a test's CPU seconds, not its wall time, are what it costs the run.
+
+    python tools/test_cpu.py sample OUT.json     # until SIGTERM/SIGINT (tools/make_test.sh: HPC_TRAIN_TEST_CPU=1)
+    python tools/test_cpu.py report OUT.json [N]  # per file and the N costliest tests
+
+A process that lives less than a second may be missed, and the last second of each is; the test
+process's own CPU (in-process tests) is not counted. Linux only, standard library only.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+MARK = b"PYTEST_CURRENT_TEST="
+
+
+def _read(pid: str, tick: int) -> tuple[str, float, str] | None:
+    """(start time, CPU seconds, the test) of a process that has the variable; None otherwise or gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes().decode(errors="replace")
+        fields = stat[stat.rindex(")") + 2 :].split()
+        cpu = (int(fields[11]) + int(fields[12])) / tick
+        env = Path(f"/proc/{pid}/environ").read_bytes()
+    except (OSError, ValueError, IndexError):
+        return None
+    at = env.find(MARK)
+    if at < 0:
+        return None
+    test = env[at + len(MARK) : env.find(b"\0", at)].decode(errors="replace").rsplit(" (", 1)[0]
+    return fields[19], cpu, test
+
+
+def sample(out: Path) -> None:
+    tick = os.sysconf("SC_CLK_TCK")
+    seen: dict[str, list] = {}  # "pid:start" -> [test, cpu seconds]
+    stop = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.append(1))
+    rounds = 0
+    while not stop:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            found = _read(pid, tick)
+            if found:
+                start, cpu, test = found
+                seen[f"{pid}:{start}"] = [test, cpu]
+        rounds += 1
+        if rounds % 30 == 0 or stop:
+            out.write_text(json.dumps(seen))
+        time.sleep(1)
+    out.write_text(json.dumps(seen))
+
+
+def report(path: Path, top: int) -> None:
+    seen = json.loads(path.read_text())
+    tests: collections.Counter[str] = collections.Counter()
+    files: collections.Counter[str] = collections.Counter()
+    for test, cpu in seen.values():
+        tests[test] += cpu
+        files[test.split("::")[0]] += cpu
+    print(f"CPU of the processes the tests started: {sum(tests.values()):.0f} s in {len(seen)} processes")
+    for name, cpu in files.most_common(15):
+        print(f"{cpu:7.0f} s  {name}")
+    print(f"the {top} costliest tests:")
+    for name, cpu in tests.most_common(top):
+        print(f"{cpu:7.0f} s  {name}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3 or sys.argv[1] not in ("sample", "report"):
+        sys.exit(__doc__)
+    if sys.argv[1] == "sample":
+        sample(Path(sys.argv[2]))
+    else:
+        report(Path(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 20)
