@@ -160,7 +160,7 @@ def decided(job_folder: Path, run: int, environ: Mapping[str, str], action: str,
     said = retries.no_retry_text(environ)
     if reason in ("no_retry", "on_failure") and said:
         reason = "no_progress" if said == no_progress(job_folder, run) else "no_retry"
-    retries.record(job_folder, run, status, action, reason, environ=environ)
+    retries.record(job_folder, retries.Decision(run, status, action, reason), environ=environ)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_train import contract
@@ -47,27 +48,34 @@ def no_retry_text(environ: Mapping[str, str]) -> str | None:
         return None
 
 
-def record(
-    job_folder: Path,
-    run: int,
-    status: int,
-    action: str,
-    reason: str,
-    detail: str | None = None,
-    environ: Mapping[str, str] | None = None,
-) -> None:
-    """Append one decision; ``detail`` defaults to the no-retry file's text (the fault that would repeat)."""
-    if action not in ACTIONS or reason not in contract.RETRY_REASONS:
-        raise ValueError(f"not a retry decision: {action} {reason}")
+@dataclass(frozen=True)
+class Decision:
+    """What was decided after run ``run`` (which ended with ``status``): ``action`` (ACTIONS), ``reason``
+    (contract.RETRY_REASONS) and, for a run not retried, ``detail`` (default: the no-retry file's text)."""
+
+    run: int
+    status: int
+    action: str
+    reason: str
+    detail: str | None = None
+
+
+def record(job_folder: Path, decision: Decision, environ: Mapping[str, str] | None = None) -> None:
+    """Append one decision (``environ``: where the no-retry file and the restart budget are named)."""
+    if decision.action not in ACTIONS or decision.reason not in contract.RETRY_REASONS:
+        raise ValueError(f"not a retry decision: {decision.action} {decision.reason}")
     env = os.environ if environ is None else environ
     budget = env.get(contract.ENV_MAX_RESTARTS)
+    detail = decision.detail
+    if detail is None and decision.action.startswith("not_"):
+        detail = no_retry_text(env)
     line = {
-        "run": run,
-        "status": status,
-        "action": action,
-        "reason": reason,
-        "detail": detail if detail is not None else (no_retry_text(env) if action.startswith("not_") else None),
-        "start_step": _start_step(job_folder, run),
+        "run": decision.run,
+        "status": decision.status,
+        "action": decision.action,
+        "reason": decision.reason,
+        "detail": detail,
+        "start_step": _start_step(job_folder, decision.run),
         "max_restarts": int(budget) if budget and budget.isdigit() else None,
         "time": round(time.time(), 3),
     }
@@ -82,6 +90,7 @@ def record_here(status: int, action: str, reason: str, detail: str | None = None
     if not env.get(contract.ENV_JOB_FOLDER) or not env.get(contract.ENV_REQUEUED_FILE):
         return
     try:
-        record(Path(env[contract.ENV_JOB_FOLDER]), int(env.get(contract.ENV_RUN) or 1), status, action, reason, detail)
+        run = int(env.get(contract.ENV_RUN) or 1)
+        record(Path(env[contract.ENV_JOB_FOLDER]), Decision(run, status, action, reason, detail))
     except OSError as exc:
         print(f"hpc_train: could not record the retry decision ({exc})", file=sys.stderr, flush=True)

@@ -98,9 +98,9 @@ def test_the_batch_scripts_command_line_records_the_decision(tmp_path):
 
 def test_record_refuses_what_the_login_side_could_not_explain(tmp_path):
     with pytest.raises(ValueError):
-        retries.record(tmp_path, 1, 1, "retried", "failed", environ={})
+        retries.record(tmp_path, retries.Decision(1, 1, "retried", "failed"), environ={})
     with pytest.raises(ValueError):
-        retries.record(tmp_path, 1, 1, "requeued", "because", environ={})
+        retries.record(tmp_path, retries.Decision(1, 1, "requeued", "because"), environ={})
 
 
 def test_rank_zeros_decision_is_recorded_only_inside_a_requeueing_job(tmp_path, monkeypatch):
