@@ -13,16 +13,7 @@ from hpc_train.jobs.handle import JobHandle, JobRecord
 from hpc_train.jobs.retry_decision import story
 from hpc_train.runtime.health import decided, no_progress, record_start
 from hpc_train.runtime.no_retry import refuse_retry
-
-
-def env_of(job: Path, run: int, max_restarts: int = 10) -> dict[str, str]:
-    return {
-        contract.ENV_JOB_FOLDER: str(job),
-        contract.ENV_RUN: str(run),
-        contract.ENV_MAX_RESTARTS: str(max_restarts),
-        contract.ENV_NO_RETRY_FILE: str(job / contract.NO_RETRY),
-        contract.ENV_REQUEUED_FILE: str(job / contract.REQUEUE_REQUESTED),
-    }
+from tests.unit.test_retries import env_of
 
 
 def start(job: Path, run: int) -> None:
