@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -17,7 +15,8 @@ from torch.utils.data import TensorDataset
 from hpc_train import contract
 from hpc_train.runtime.data import Balance, DistributedLoader
 from hpc_train.runtime.straggler import NAMED_AFTER, Settings, StragglerMonitor
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO
+from tests.rank_launcher import run_world
 
 
 def shards(size: int, world: int, batch: int, drop_last: bool) -> list[DistributedLoader]:
@@ -136,10 +135,8 @@ def test_per_rank_samples_per_second_reach_the_metrics_and_the_straggler_rule(tm
     env = {**os.environ, "OMP_NUM_THREADS": "1", contract.ENV_METRICS_DIR: str(metrics), contract.ENV_STRAGGLER_WINDOW: "5"}
     for name in (contract.ENV_JOB_FOLDER, contract.ENV_METRICS, contract.ENV_STRAGGLER_THRESHOLD, "RANK", "WORLD_SIZE"):
         env.pop(name, None)
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
-    command = [*launch, "--master-port", str(free_port()), str(script), "40"]
-    out = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = run_world([str(script), "40"], env, REPO, nproc=2, timeout=180, out_dir=tmp_path / "out")
+    assert out.returncode == 0, out.stdout[-3000:]
     lines = [json.loads(line) for line in (metrics / contract.STEPS).read_text().splitlines()]
     windows = [w for w in lines if w.get("event") == "ranks"]
     assert len(windows) == 8 and all(w["samples"] == [4, 12] and w["imbalance"] == 2.0 for w in windows)

@@ -1,5 +1,6 @@
-"""The node-local tier: real gloo ranks on two (or three) "nodes" (torchrun agents, each with its own
-local folder), real TCP between them, real files; shared storage is a folder they all see.
+"""The node-local tier: real gloo ranks on two (or three) "nodes" (each with its own local folder, its
+ranks started as torchrun's launch without an agent starts them: tests/rank_launcher.py), real TCP between
+them, real files; shared storage is a folder they all see.
 
 Each node's local folder is ``local/<name>``: the job's HPC_TRAIN_LOCAL_CHECKPOINT_DIR is
 ``.../local/$NODE_NAME``, expanded on each node as a site's ``$SLURM_TMPDIR`` would be.
@@ -12,7 +13,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,13 +22,12 @@ from hpc_train import contract
 from hpc_train.runtime import local_tier, peer_copy
 from hpc_train.runtime.checkpoint import COMMIT
 from tests.conftest import REPO, free_port
+from tests.rank_launcher import World
 from tests.unit.test_checkpoint import tiny_filesystem  # noqa: F401  (a fixture)
 from tests.unit.test_shard_save import SCRIPT, TORCH_ENV
 
 
-def launch(
-    tmp_path: Path, spec: dict, names: tuple[str, ...] = ("a", "b"), procs: int = 1, missing: str = ""
-) -> list[subprocess.Popen]:
+def launch(tmp_path: Path, spec: dict, names: tuple[str, ...] = ("a", "b"), procs: int = 1, missing: str = "") -> list[World]:
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
     port = free_port()
@@ -47,10 +46,11 @@ def launch(
         }
         for variable in (*TORCH_ENV, contract.ENV_JOB_FOLDER, contract.ENV_METRICS, contract.ENV_LAUNCHER, "SLURM_JOB_ID"):
             environ.pop(variable, None)
-        args = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(names)), "--node-rank", str(node)]
-        args += ["--nproc-per-node", str(procs), "--master-addr", "127.0.0.1", "--master-port", str(port)]
-        args += [str(script), str(tmp_path), "torchrun", json.dumps(spec)]
-        started.append(subprocess.Popen(args, cwd=REPO, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        args = [str(script), str(tmp_path), "torchrun", json.dumps(spec)]
+        world = World(
+            args, environ, REPO, tmp_path / "out", nproc=procs, port=port, nnodes=len(names), node_rank=node, merge=True
+        )
+        started.append(world)
     return started
 
 

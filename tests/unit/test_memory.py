@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,8 @@ from hpc_train.runtime.base import BackendRuntime
 from hpc_train.runtime.context import Context
 from hpc_train.runtime.environment import detect
 from hpc_train.runtime.options import RuntimeOptions
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO
+from tests.rank_launcher import run_world
 
 # One rank's job: a batch of 2048 needs ~500 MB of activations and gradients, 512 a quarter of that.
 SCRIPT = """\
@@ -78,9 +78,7 @@ def run_job(folder: Path, micro_batch: str, budget_mb: int = BUDGET_MB) -> tuple
         "TEST_MEMORY_BUDGET_MB": str(budget_mb),
     }
     env.pop("HPC_TRAIN_JOB_FOLDER", None)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
-    command += ["--master-port", str(free_port()), str(script), str(folder)]
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    done = run_world([str(script), str(folder)], env, REPO, nproc=2, timeout=240, out_dir=folder)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     ranks = [json.loads((folder / f"rank{r}.json").read_text()) for r in (0, 1)]
     lines = [json.loads(line) for line in (folder / "metrics" / "steps.jsonl").read_text().splitlines()]
@@ -283,9 +281,7 @@ def run_optimizer_job(folder: Path, optimizer: str, micro_batch: str = "8") -> s
         "TEST_MEMORY_BUDGET_MB": str(OPTIMIZER_BUDGET_MB),
     }
     env.pop("HPC_TRAIN_JOB_FOLDER", None)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
-    command += ["--master-port", str(free_port()), str(script), optimizer]
-    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    return run_world([str(script), optimizer], env, REPO, nproc=2, timeout=240, out_dir=folder)
 
 
 def test_out_of_memory_in_the_optimizer_step_stops_with_why_a_smaller_micro_batch_cannot_help(tmp_path):

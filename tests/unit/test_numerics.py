@@ -25,7 +25,8 @@ from hpc_train.runtime.context import Context
 from hpc_train.runtime.environment import detect
 from hpc_train.runtime.numerics import DivergenceError, NumericsGuard
 from hpc_train.runtime.options import RuntimeOptions
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO
+from tests.rank_launcher import run_world
 
 SCRIPT = """\
 import json, sys
@@ -95,10 +96,8 @@ def run(
         environ.pop(name, None)  # a unit test's runtime.init() left a world of one in this process
     args = [str(script), str(tmp_path), backend, json.dumps(spec)]
     if (launcher or backend) == "torchrun":
-        launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
-        command = [*launch, "--master-port", str(free_port()), *args]
-    else:
-        command = ["mpirun", "--oversubscribe", "-np", "2", sys.executable, *args]
+        return run_world(args, environ, REPO, nproc=2, timeout=240, out_dir=tmp_path / "out")
+    command = ["mpirun", "--oversubscribe", "-np", "2", sys.executable, *args]
     return subprocess.run(command, cwd=REPO, env=environ, capture_output=True, text=True, timeout=240)
 
 

@@ -23,6 +23,7 @@ from hpc_train.runtime.environment import detect
 from hpc_train.runtime.options import RuntimeOptions
 from hpc_train.runtime.profiling import Ranges
 from tests.conftest import REPO, free_port
+from tests.rank_launcher import run_world
 
 SCRIPT = """\
 import json, os, sys
@@ -64,9 +65,15 @@ def job_env(tmp_path: Path, profile: str, steps: int, **extra: str) -> dict[str,
     return env
 
 
-def torchrun(tmp_path: Path, env: dict[str, str], *args: str, procs: int = 2) -> subprocess.CompletedProcess[str]:
+def torchrun(
+    tmp_path: Path, env: dict[str, str], *args: str, procs: int = 2, fresh: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """The ranks forked (tests/rank_launcher.py), or under torchrun where each must start a new interpreter
+    (``fresh``: nsys wraps a rank's python as it starts)."""
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
+    if not fresh:
+        return run_world([str(script), *args], env, REPO, nproc=procs, timeout=180, out_dir=tmp_path / "out")
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={procs}", "--master-addr=127.0.0.1"]
     command += [f"--master-port={free_port()}", str(script), *args]
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
@@ -191,7 +198,7 @@ def nsys_env(tmp_path: Path, profile: str, steps: int) -> dict[str, str]:
 
 
 def test_nsys_runs_the_chosen_ranks_python_under_it_with_a_capture_range(tmp_path):
-    out = torchrun(tmp_path, nsys_env(tmp_path, "nsys:wait=1,warmup=1,active=2,ranks=1", steps=5), "--lr", "1e-3")
+    out = torchrun(tmp_path, nsys_env(tmp_path, "nsys:wait=1,warmup=1,active=2,ranks=1", steps=5), "--lr", "1e-3", fresh=True)
     assert out.returncode == 0, out.stderr[-3000:]
     calls = [json.loads(line) for line in (tmp_path / "nsys.log").read_text().splitlines()]
     assert len(calls) == 1  # rank 1 only, once: its child and the children's children are not wrapped again

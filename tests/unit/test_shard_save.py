@@ -22,6 +22,7 @@ from hpc_train.resume_shape import SHAPE
 from hpc_train.runtime import shard_save
 from hpc_train.runtime.checkpoint import COMMIT, STATE_FILE
 from tests.conftest import REPO, free_port
+from tests.rank_launcher import World, run_world
 from tests.unit.test_checkpoint import make, tiny_filesystem  # noqa: F401  (a fixture)
 
 TORCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -95,13 +96,15 @@ def command(tmp_path: Path, spec: dict, backend: str = "torchrun", ranks: int = 
     args = [str(script), str(tmp_path), backend, json.dumps(spec)]
     if backend != "torchrun":  # mpi, horovod
         return ["mpirun", "--oversubscribe", "-np", str(ranks), sys.executable, *args], environ
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1"]
-    return [*launch, "--master-port", str(free_port()), *args], environ
+    return args, environ  # the ranks forked as torchrun's launch without an agent starts them (rank_launcher)
 
 
 def run(tmp_path: Path, spec: dict, backend: str = "torchrun", ranks: int = 2) -> list[dict]:
     args, environ = command(tmp_path, spec, backend, ranks)
-    done = subprocess.run(args, cwd=REPO, env=environ, capture_output=True, text=True, timeout=240)
+    if backend == "torchrun":
+        done = run_world(args, environ, REPO, nproc=ranks, timeout=240, out_dir=tmp_path / "out")
+    else:
+        done = subprocess.run(args, cwd=REPO, env=environ, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return [json.loads((tmp_path / f"rank{r}-{spec['mode']}.json").read_text()) for r in range(ranks)]
 
@@ -220,7 +223,7 @@ def test_rank_0_alone_still_writes_and_restores_the_old_way(tmp_path):
 
 def test_kill_9_during_a_sharded_save_keeps_the_previous_checkpoint(tmp_path):
     args, environ = command(tmp_path, {"mode": "forever", "width": 700, "keep": 1})
-    proc = subprocess.Popen(args, cwd=REPO, env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = World(args, environ, REPO, tmp_path / "out", nproc=2, port=free_port())
     try:
         deadline = time.time() + 120
         while time.time() < deadline and not (

@@ -7,7 +7,6 @@ import os
 import socket
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,8 @@ import pytest
 from hpc_train import contract
 from hpc_train.runtime import straggler
 from hpc_train.runtime.straggler import NAMED_AFTER, Rule, Settings, StragglerMonitor, medians_of_others, slowdowns
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO
+from tests.rank_launcher import run_world
 
 THRESHOLD = contract.ENV_STRAGGLER_THRESHOLD
 WINDOW = contract.ENV_STRAGGLER_WINDOW
@@ -201,23 +201,9 @@ def run_job(tmp_path: Path, slow_rank: int, extra_s: float) -> tuple[subprocess.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HPC_TRAIN_METRICS_DIR": str(metrics), WINDOW: str(WINDOW_STEPS)}
     for name in ("HPC_TRAIN_JOB_FOLDER", "HPC_TRAIN_METRICS", THRESHOLD):
         env.pop(name, None)
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "4",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port()),
-        str(script),
-        str(slow_rank),
-        str(extra_s),
-        str(STEPS),
-    ]
-    out = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-3000:]
+    args = [str(script), str(slow_rank), str(extra_s), str(STEPS)]
+    out = run_world(args, env, REPO, nproc=4, timeout=120, out_dir=tmp_path / "out")
+    assert out.returncode == 0, out.stdout[-3000:]
     return out, metrics
 
 
