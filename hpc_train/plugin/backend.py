@@ -57,8 +57,8 @@ class LaunchInfo:
     python: str
     script: str
     script_args: tuple[str, ...]
-    #: the site's ``master_port``: the job's own port is this plus a per-job offset (``SLURM_JOB_ID % 2000``;
-    #: locally, of the batch script's process id), so two jobs on one node do not collide. A launch line uses
+    #: the site's ``master_port``: the job's own ports are a block of 4 from this plus a per-job offset
+    #: (``SLURM_JOB_ID % 500 * 4``; locally, ``$$ % 2000``), so two jobs on one node do not collide. A launch line uses
     #: ``"${MASTER_PORT}"``, never this number
     master_port_base: int
     #: the folder job folders are created in (``--job-root``, else the site's ``job_root``); this job's own

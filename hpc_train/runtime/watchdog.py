@@ -136,6 +136,9 @@ def watch(settings: Settings, step_alive: Any, now: Any = time.time, since: floa
     """Poll until the step ends (None) or hangs (the hang's record); no verdict counts quiet before ``since``."""
     clock = StepClock()
     started = now() if since is None else since
+    # quiet at the poll before the verdict: that the verdict came at the first poll past the limit is
+    # checkable however late a loaded machine ran the polls
+    previous: float | None = None
     while step_alive():
         time.sleep(POLL_S)
         if settings.stop_file is not None and settings.stop_file.exists():
@@ -149,14 +152,17 @@ def watch(settings: Settings, step_alive: Any, now: Any = time.time, since: floa
             clock.observe(int(beat.get("steps", 0)), float(beat["at"]))
         active = max([float(b["at"]) for b in beats.values()] + [started])
         allowed, why = limit(settings, beats, clock)
-        if now() - active > allowed:
+        quiet = now() - active
+        if quiet > allowed:
             return {
                 "run": settings.run,
-                "quiet_s": round(now() - active, 1),
+                "quiet_s": round(quiet, 1),
+                "quiet_at_last_poll_s": None if previous is None else round(previous, 1),
                 "limit_s": round(allowed, 1),
                 "limit": why,
                 "beats": beats,
             }
+        previous = quiet
     return None
 
 
