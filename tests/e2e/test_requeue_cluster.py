@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from hpc_train.jobs.handle import RELEASE_MARGIN_S, JobHandle, held_after_requeue
-from tests.conftest import REPO
+from tests.conftest import REPO, once_per_run
 
 pytestmark = pytest.mark.e2e
 SCRIPT = REPO / "examples" / "train_resumable.py"
@@ -100,21 +101,38 @@ def final_params(job_root: Path, job_id: str) -> dict[str, torch.Tensor]:
     return torch.load(job_root / job_id / "final.pt", weights_only=True)
 
 
+def reference(tmp_path_factory: pytest.TempPathFactory, backend: str, steps: int = STEPS) -> dict[str, torch.Tensor]:
+    """The final parameters of the uninterrupted run (``--no-requeue``) that the interrupted jobs of
+    ``backend`` and ``steps`` must match: one sandbox job for the whole run, whichever test asks first
+    (several tests compare with the same one). Asked for after a test's own job got its interruptions,
+    so the two jobs still run side by side."""
+
+    def make(folder: Path) -> None:
+        job = submit(folder, backend, "--no-requeue", steps=steps)
+        wait_for(lambda: state(job) in ("COMPLETED", "FAILED", "CANCELLED"), 300, f"the {backend} reference job")
+        assert state(job) == "COMPLETED", log_text(folder, job)[-3000:]
+        shutil.copy(folder / job / "final.pt", folder / "final.pt")
+
+    folder = once_per_run(tmp_path_factory, f"requeue-reference-{backend}-{steps}", make)
+    return torch.load(folder / "final.pt", weights_only=True)
+
+
 def assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), f"{key} differs after the interruptions"
 
 
-def interrupted_run(job_root: Path, backend: str, time_limit: bool) -> tuple[str, str, dict[str, float]]:
-    """A reference job and the same job interrupted by a signal, an admin's requeue and (optionally)
-    its time limit; both on the same layout so their arithmetic is identical."""
+def interrupted_run(
+    job_root: Path, tmp_path_factory: pytest.TempPathFactory, backend: str, time_limit: bool
+) -> tuple[dict[str, torch.Tensor], str, dict[str, float]]:
+    """A job interrupted by a signal, an admin's requeue and (optionally) its time limit, and the final
+    parameters of the same job uninterrupted, on the same layout so their arithmetic is identical."""
     steps = 1200 if time_limit else STEPS
     # The run after the admin's requeue must outlast the time limit's warning, on any machine: Slurm
     # checks limits every 30 s, so the warning for TimeLimit=2 with a 60 s grace comes 60-90 s into the
     # run; the sleep per step makes its >= 1100 remaining steps take >= 110 s however fast the node is.
     step_seconds = "0.1" if time_limit else "0.04"
-    reference = submit(job_root, backend, "--no-requeue", steps=steps)
     job = submit(
         job_root,
         backend,
@@ -140,9 +158,9 @@ def interrupted_run(job_root: Path, backend: str, time_limit: bool) -> tuple[str
     if time_limit:
         # 3. a time limit that the next runs hit: Slurm warns the batch shell 60 s before it
         subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=2"], check=True, capture_output=True)
+    uninterrupted = reference(tmp_path_factory, backend, steps)  # while the job runs on
     wait_for(lambda: state(job) in ("COMPLETED", "FAILED", "CANCELLED"), 900, "the job to finish", release=job)
-    wait_for(lambda: state(reference) in ("COMPLETED", "FAILED"), 300, "the reference job")
-    return reference, job, timings
+    return uninterrupted, job, timings
 
 
 # A requeue costs each of these tests a whole second run: Slurm's requeue, the hold the test releases after
@@ -160,32 +178,31 @@ TIME_LIMIT_WAIT = (
     [("torchrun", True), ("deepspeed", False)],
 )
 @pytest.mark.slow(reason=TIME_LIMIT_WAIT)
-def test_interruptions_change_nothing(slurm_cluster, sandbox_job_root, backend, time_limit):
-    reference, job, timings = interrupted_run(sandbox_job_root, backend, time_limit)
+def test_interruptions_change_nothing(slurm_cluster, sandbox_job_root, tmp_path_factory, backend, time_limit):
+    uninterrupted, job, timings = interrupted_run(sandbox_job_root, tmp_path_factory, backend, time_limit)
     text = log_text(sandbox_job_root, job)
-    assert state(job) == "COMPLETED" and state(reference) == "COMPLETED", text[-3000:]
+    assert state(job) == "COMPLETED", text[-3000:]
     runs = int((sandbox_job_root / job / "runs").read_text())
     assert runs >= (4 if time_limit else 3), text[-3000:]
     assert "stop requested" in text  # the signal, seen through the batch shell's stop file
     if time_limit:  # runs after the admin's requeue were stopped by the time limit's warning
         assert text.count("stop requested") >= 2, text[-3000:]
-    assert_identical(final_params(sandbox_job_root, reference), final_params(sandbox_job_root, job))
+    assert_identical(uninterrupted, final_params(sandbox_job_root, job))
     assert f"(run {runs}, {runs - 1} restarts)" in hpc("status", job).stdout
     print(f"\n{backend}: {runs} runs; {timings}")
 
 
 @pytest.mark.parametrize("backend", ["horovod", "mpi"])
 @pytest.mark.slow(reason=REQUEUE_RUNS)
-def test_a_preemption_changes_nothing(slurm_cluster, sandbox_job_root, backend):
-    reference = submit(sandbox_job_root, backend, "--no-requeue")
+def test_a_preemption_changes_nothing(slurm_cluster, sandbox_job_root, tmp_path_factory, backend):
     job = submit(sandbox_job_root, backend, "--checkpoint-every", "50", script_args=("--step-seconds", "0.03"))
     wait_for(lambda: progress(sandbox_job_root, job, 1) >= 40, 240, "run 1 to train")
     subprocess.run(["scancel", "--batch", "--signal=USR2", job], check=True)
+    uninterrupted = reference(tmp_path_factory, backend)
     wait_for(lambda: state(job) in ("COMPLETED", "FAILED", "CANCELLED"), 300, "the job to finish", release=job)
-    wait_for(lambda: state(reference) in ("COMPLETED", "FAILED"), 300, "the reference job")
     assert state(job) == "COMPLETED"
     assert int((sandbox_job_root / job / "runs").read_text()) == 2
-    assert_identical(final_params(sandbox_job_root, reference), final_params(sandbox_job_root, job))
+    assert_identical(uninterrupted, final_params(sandbox_job_root, job))
 
 
 @pytest.mark.slow(reason=REQUEUE_RUNS)
@@ -249,12 +266,11 @@ CROSSINGS = [pytest.param(1, id="once"), pytest.param(4, id="four-times", marks=
 
 @pytest.mark.parametrize("times", CROSSINGS)
 @pytest.mark.slow(reason=REQUEUE_RUNS)
-def test_crossing_requeues_end_with_the_last_runs_outcome(slurm_cluster, sandbox_job_root, times):
+def test_crossing_requeues_end_with_the_last_runs_outcome(slurm_cluster, sandbox_job_root, tmp_path_factory, times):
     """The race CI once lost: the ranks' own requeue crossing an administrator's, with the stop signal sent
     to the batch shell and to every step, then a time limit. Whatever the order, the job's state is its last
     run's outcome, and the result is as if nothing happened."""
     steps = 900 if times > 1 else 300
-    reference = submit(sandbox_job_root, "torchrun", "--no-requeue", steps=steps)
     job = submit(
         sandbox_job_root,
         "torchrun",
@@ -275,6 +291,7 @@ def test_crossing_requeues_end_with_the_last_runs_outcome(slurm_cluster, sandbox
         subprocess.run(["scontrol", "requeue", job], capture_output=True)  # refused once the job already requeued
         wait_for(lambda run=run: runs_of(sandbox_job_root, job) > run, 240, f"run {run + 1} to start", release=job)
     subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=2"], check=True, capture_output=True)
+    uninterrupted = reference(tmp_path_factory, "torchrun", steps)  # while the job runs on
     told = watched_state(job, timeout=900)
     text = log_text(sandbox_job_root, job)
     assert "COMPLETED" in told and state(job) == "COMPLETED", told + "\n" + text[-3000:]
@@ -282,23 +299,21 @@ def test_crossing_requeues_end_with_the_last_runs_outcome(slurm_cluster, sandbox
     assert (sandbox_job_root / job / "last_run").read_text().split() == [str(runs), "0", "ended"]
     time.sleep(5)  # a rank of an earlier run requeueing late would bring the finished job back now
     assert state(job) == "COMPLETED" and runs_of(sandbox_job_root, job) == runs
-    wait_for(lambda: state(reference) in ("COMPLETED", "FAILED"), 300, "the reference job")
-    assert_identical(final_params(sandbox_job_root, reference), final_params(sandbox_job_root, job))
+    assert_identical(uninterrupted, final_params(sandbox_job_root, job))
 
 
 @pytest.mark.parametrize("backend", ["deepspeed", "horovod", "mpi"])
 @pytest.mark.slow(reason=REQUEUE_RUNS)
-def test_a_stop_signal_to_every_step_is_survived_by_every_launcher(slurm_cluster, sandbox_job_root, backend):
+def test_a_stop_signal_to_every_step_is_survived_by_every_launcher(slurm_cluster, sandbox_job_root, tmp_path_factory, backend):
     """``scancel --signal=USR2 JOB`` reaches the ranks and whatever launched them: the same clean stop,
     save and requeue as the batch shell's warning (torchrun's launcher: the crossing test above)."""
-    reference = submit(sandbox_job_root, backend, "--no-requeue")
     job = submit(sandbox_job_root, backend, "--checkpoint-every", "50", script_args=("--step-seconds", "0.03"))
     wait_for(lambda: progress(sandbox_job_root, job, 1) >= 40, 240, "run 1 to train")
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    uninterrupted = reference(tmp_path_factory, backend)
     told = watched_state(job, timeout=400)
     text = log_text(sandbox_job_root, job)
     assert "COMPLETED" in told, told + "\n" + text[-3000:]
     assert "stopping at step" in text and "signal SIGUSR2" in text
     assert "User defined signal 2" not in text and runs_of(sandbox_job_root, job) == 2
-    wait_for(lambda: state(reference) in ("COMPLETED", "FAILED"), 300, "the reference job")
-    assert_identical(final_params(sandbox_job_root, reference), final_params(sandbox_job_root, job))
+    assert_identical(uninterrupted, final_params(sandbox_job_root, job))
