@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import socket
+import sys
 import time
 
 import torch
@@ -70,6 +71,7 @@ def main() -> None:
         "final_loss": losses[-1],
         "param_checksum": checksum,
         "seconds": time.time() - start,
+        "argv": sys.argv[1:],  # what the job gave the script, as the script sees it
     }
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"rank{ctx.rank}.json"), "w") as f:

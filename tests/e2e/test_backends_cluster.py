@@ -56,11 +56,15 @@ def assert_trained_together(reports: list[dict], backend: str) -> None:
 
 
 @pytest.mark.parametrize("backend", ["torchrun", "deepspeed", "horovod", "mpi"])
-def test_same_script_trains_under_every_backend(slurm_cluster, sandbox_job_root, backend):
-    _, reports = run_job(sandbox_job_root, "--backend", backend, str(EXAMPLES / "train.py"), "--", "--steps", "40")
+def test_same_script_trains_under_every_backend_and_sees_exactly_its_arguments(slurm_cluster, sandbox_job_root, backend):
+    # a user's own --local_rank=0 and a word with a space are theirs: both arrive as given, and under
+    # deepspeed the launch's --local_rank=N (for scripts written for DeepSpeed's launcher) is taken off again
+    given = ["--steps", "40", "--local_rank=0", "two words"]
+    _, reports = run_job(sandbox_job_root, "--backend", backend, str(EXAMPLES / "train.py"), "--", *given)
     assert_trained_together(reports, backend)
     assert {r["backend"] for r in reports} == {backend}
     assert {r["launcher"] for r in reports} == {"torchrun" if backend == "torchrun" else "srun"}
+    assert all(r["argv"] == given for r in reports), [r["argv"] for r in reports]
 
 
 def test_training_options_from_the_job(slurm_cluster, sandbox_job_root):

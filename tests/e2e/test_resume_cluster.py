@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, once_per_run
 
 pytestmark = pytest.mark.e2e
 SCRIPT = REPO / "tests" / "e2e" / "resume_train.py"
@@ -37,10 +37,21 @@ def steps(job_root: Path, job_id: str) -> dict[int, dict]:
     return {row["step"]: row for row in rows}
 
 
-def test_a_2x2_run_resumed_as_2x1_and_1x2_matches_the_uninterrupted_run(slurm_cluster, sandbox_job_root):
+def stopped_2x2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """(job root, job id) of the 2 x 2 torchrun run stopped at STOP that the tests resume, or refuse to
+    resume, in other shapes: one sandbox job for the whole run, whichever test asks first."""
+    folder = once_per_run(
+        tmp_path_factory,
+        "resume-2x2-stopped",
+        lambda root: (root / "job").write_text(run(root, 2, 2, script_args=("--stop-at", str(STOP)))),
+    )
+    return folder, (folder / "job").read_text()
+
+
+def test_a_2x2_run_resumed_as_2x1_and_1x2_matches_the_uninterrupted_run(slurm_cluster, sandbox_job_root, tmp_path_factory):
     straight = steps(sandbox_job_root, run(sandbox_job_root, 2, 2))
-    first = run(sandbox_job_root, 2, 2, script_args=("--stop-at", str(STOP)))
-    assert sorted(steps(sandbox_job_root, first)) == list(range(1, STOP + 1))
+    first_root, first = stopped_2x2(tmp_path_factory)
+    assert sorted(steps(first_root, first)) == list(range(1, STOP + 1))
     for nodes, procs in ((2, 1), (1, 2)):
         resumed = steps(sandbox_job_root, run(sandbox_job_root, nodes, procs, "--resume-from", first))
         assert sorted(resumed) == list(range(STOP + 1, STEPS + 1)), (nodes, procs)
@@ -48,7 +59,7 @@ def test_a_2x2_run_resumed_as_2x1_and_1x2_matches_the_uninterrupted_run(slurm_cl
             assert (row["world_size"], row["per_rank_batch"]) == (2, 8)  # the global batch of 16 kept
             assert row["samples"] == straight[step]["samples"], (nodes, procs, step)
             assert abs(row["loss"] - straight[step]["loss"]) <= 1e-5 * abs(straight[step]["loss"]) + 1e-7, (step, row)
-    assert sorted(p.name for p in (sandbox_job_root / first / "checkpoints").iterdir()) == [f"step-{STOP:08d}"]
+    assert sorted(p.name for p in (first_root / first / "checkpoints").iterdir()) == [f"step-{STOP:08d}"]
 
 
 def test_deepspeed_zero_state_of_2x2_resumed_as_2x1_and_1x2_matches_the_uninterrupted_run(slurm_cluster, sandbox_job_root):
@@ -67,8 +78,10 @@ def test_deepspeed_zero_state_of_2x2_resumed_as_2x1_and_1x2_matches_the_uninterr
         assert "ZeRO partitions of 4 data-parallel ranks loaded into 2 (universal checkpoint)" in log
 
 
-def test_a_shape_the_checkpoint_cannot_continue_in_is_refused_before_submission(slurm_cluster, sandbox_job_root):
-    first = run(sandbox_job_root, 2, 2, script_args=("--stop-at", str(STOP)))
+def test_a_shape_the_checkpoint_cannot_continue_in_is_refused_before_submission(
+    slurm_cluster, sandbox_job_root, tmp_path_factory
+):
+    _, first = stopped_2x2(tmp_path_factory)
     out = hpc(
         "submit", "--site", "sandbox", "--job-root", str(sandbox_job_root), "--nodes", "1", "--procs-per-node", "3",
         "--resume-from", first, str(SCRIPT),

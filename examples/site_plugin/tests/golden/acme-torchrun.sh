@@ -50,7 +50,19 @@ export HPC_TRAIN_JOB_FOLDER=/shared/user/hpc_train/jobs/"${SLURM_JOB_ID}"
 export HPC_TRAIN_CHECKPOINT_DIR="${HPC_TRAIN_JOB_FOLDER}/checkpoints"
 MASTER_ADDR=$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | head -n 1)
 export MASTER_ADDR
-export MASTER_PORT=$(( 29500 + SLURM_JOB_ID % 2000 ))
+# the rendezvous port: each job owns a block of 4 that its runs in this allocation take in turn, so a
+# restart never takes the port of the next job's store (job ids are consecutive); one that something on
+# this, the first, node already listens on (another job's store, 500 job ids away) is passed over
+hpc_train_port() {
+    local base=$(( 29500 + SLURM_JOB_ID % 500 * 4 )) i port
+    for i in 0 1 2 3; do
+        port=$(( base + ($1 + i) % 4 ))
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/${port}") 2>/dev/null; then echo "${port}"; return; fi
+    done
+    echo "$(( base + $1 % 4 ))"
+}
+MASTER_PORT=$(hpc_train_port 0)
+export MASTER_PORT
 
 # ACME: InfiniBand fabric and per-job scratch (acme_hpc site plugin)
 source /etc/acme/fabric.sh
