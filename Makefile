@@ -27,10 +27,16 @@ $(PY):
 
 venv: $(PY)
 
-# editable install plus the job-side dependencies (torch pinned first so nothing pulls another build)
-install: venv
+# editable install plus the job-side dependencies (torch pinned first so nothing pulls another build). A stamp:
+# backends, horovod, lint, ... each need install, and make test's set-up ran the same two pips three times
+# (about 20 s); it is redone when setup.cfg or pyproject.toml changes, or after make clean
+INSTALLED := $(VENV)/.installed
+install: $(INSTALLED)
+
+$(INSTALLED): setup.cfg pyproject.toml | $(PY)
 	$(PIP) install -q "$(TORCH)" numpy
 	$(PIP) install -q -e ".[test,runtime,report]" "$(TORCH)"
+	touch $@
 
 # the backends' frameworks: DeepSpeed and mpi4py from PyPI (torch pinned), Horovod built against our torch
 backends: install system-deps
@@ -120,4 +126,4 @@ bench-cluster: system-deps install
 	SLURM_CONF=/tmp/hpc_train-sandbox/etc/slurm.conf $(PY) bench/failover.py --no-agent
 
 clean:
-	rm -rf build dist *.egg-info .pytest_cache
+	rm -rf build dist *.egg-info .pytest_cache $(INSTALLED)
