@@ -19,14 +19,16 @@ import shutil
 import socket
 import struct
 import threading
+import time
 from pathlib import Path, PurePosixPath
-from typing import Any, NoReturn
+from typing import Any, BinaryIO, NoReturn
 
 from hpc_train.runtime.shard_save import fsync_dir
 
 HELD = "HELD"  # a node-local folder's marker: what COMMIT is to the shared folder, plus what this folder holds
 _HEADER = struct.Struct("!I")
 _CHUNK = 4 << 20
+RESEAL_WAIT_S = 1.0  # a re-sealed folder is renamed back within milliseconds
 _TIMEOUT_S = 120.0  # a peer that stops sending mid-file: a copy fails instead of hanging its thread
 
 
@@ -103,6 +105,21 @@ def _discard_until_closed(conn: socket.socket) -> None:
         pass
 
 
+def _open_settled(path: Path) -> BinaryIO:
+    """``path`` opened for reading. A node re-sealing a copy it serves (its leader's gather at a restore:
+    ``step-N`` renamed aside, the new ``step-N`` of the same files renamed in) has no ``step-N`` for an
+    instant, and a peer fetching from it then failed its whole restore (seen when both nodes' ranks
+    started at once): a missing file is looked for again for up to RESEAL_WAIT_S."""
+    deadline = time.monotonic() + RESEAL_WAIT_S
+    while True:
+        try:
+            return open(path, "rb")
+        except FileNotFoundError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 class Server:
     """Serves ``root`` to the other nodes of the job: ``put`` a file, ``get`` one, ``seal`` a folder."""
 
@@ -146,10 +163,8 @@ class Server:
             receive_file(conn, target, int(request["size"]), str(request["digest"]), str(request["algorithm"]))
             return {"ok": True}
         if op == "get":
-            source = inside(self.root, str(request["path"]))
-            size = source.stat().st_size
-            _send(conn, {"size": size})
-            with open(source, "rb") as f:
+            with _open_settled(inside(self.root, str(request["path"]))) as f:
+                _send(conn, {"size": os.fstat(f.fileno()).st_size})
                 conn.sendfile(f)
             return {"ok": True}
         if op == "seal":

@@ -39,7 +39,8 @@ def steps(job_root: Path, job_id: str) -> dict[int, dict]:
 
 def stopped_2x2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """(job root, job id) of the 2 x 2 torchrun run stopped at STOP that the tests resume, or refuse to
-    resume, in other shapes: one sandbox job for the whole run, whichever test asks first."""
+    resume, in other shapes: one sandbox job for the whole run, whichever test asks first. A test names it
+    by its folder: each test has a job index of its own, and the job is in the first asker's."""
     folder = once_per_run(
         tmp_path_factory,
         "resume-2x2-stopped",
@@ -53,7 +54,7 @@ def test_a_2x2_run_resumed_as_2x1_and_1x2_matches_the_uninterrupted_run(slurm_cl
     first_root, first = stopped_2x2(tmp_path_factory)
     assert sorted(steps(first_root, first)) == list(range(1, STOP + 1))
     for nodes, procs in ((2, 1), (1, 2)):
-        resumed = steps(sandbox_job_root, run(sandbox_job_root, nodes, procs, "--resume-from", first))
+        resumed = steps(sandbox_job_root, run(sandbox_job_root, nodes, procs, "--resume-from", str(first_root / first)))
         assert sorted(resumed) == list(range(STOP + 1, STEPS + 1)), (nodes, procs)
         for step, row in resumed.items():
             assert (row["world_size"], row["per_rank_batch"]) == (2, 8)  # the global batch of 16 kept
@@ -81,10 +82,10 @@ def test_deepspeed_zero_state_of_2x2_resumed_as_2x1_and_1x2_matches_the_uninterr
 def test_a_shape_the_checkpoint_cannot_continue_in_is_refused_before_submission(
     slurm_cluster, sandbox_job_root, tmp_path_factory
 ):
-    _, first = stopped_2x2(tmp_path_factory)
+    first_root, first = stopped_2x2(tmp_path_factory)
     out = hpc(
         "submit", "--site", "sandbox", "--job-root", str(sandbox_job_root), "--nodes", "1", "--procs-per-node", "3",
-        "--resume-from", first, str(SCRIPT),
+        "--resume-from", str(first_root / first), str(SCRIPT),
     )  # fmt: skip
     assert out.returncode == 78, out.stdout + out.stderr
     assert "--resume-from" in out.stderr and "does not divide among 3 data-parallel ranks" in out.stderr

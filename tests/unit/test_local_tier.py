@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -310,6 +311,22 @@ def test_a_file_is_put_and_got_back_whole(server, tmp_path):
         client.put(f"step-{step}.tmp/x.bin", source, digest(source.read_bytes()), "sha256")
         client.seal(f"step-{step}.tmp", f"step-{step}", {"held": ["x.bin"]}, keep=2)
     assert sorted(p.name for p in served.root.iterdir()) == ["step-2", "step-3"]
+
+
+def test_a_file_of_a_copy_being_re_sealed_is_served_once_it_is_back(server, tmp_path):
+    # what a node's leader does to a copy it serves while gathering at a restore: step-N renamed aside for
+    # an instant (here 0.3 s), a new step-N of the same files renamed in
+    served, client = server
+    (served.root / "step-1").mkdir()
+    (served.root / "step-1" / "x.bin").write_bytes(b"abc")
+    (served.root / "step-1").rename(served.root / "step-1.old")
+    back = threading.Timer(0.3, lambda: (served.root / "step-1.old").rename(served.root / "step-1"))
+    back.start()
+    client.get("step-1/x.bin", tmp_path / "back.bin", digest(b"abc"), "sha256")
+    back.join()
+    assert (tmp_path / "back.bin").read_bytes() == b"abc"
+    with pytest.raises(peer_copy.PeerError, match="No such file"):  # one that does not come back: the reason
+        client.get("step-1/y.bin", tmp_path / "none.bin", digest(b"abc"), "sha256")
 
 
 def test_a_copy_with_other_bytes_than_its_digest_is_refused_and_leaves_nothing(server, tmp_path):
