@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -61,3 +62,33 @@ def test_a_torch_that_knows_the_flight_recorders_new_name_is_given_only_that_one
     assert python(RECORDER, f"{FOLDER}:{tmp_path}").stdout.split() == ["2000", "2000"]  # an older torch reads the old
     monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "500")  # the user's own value: left as it is
     assert python(RECORDER, FOLDER).stdout.split() == ["500", "2000"]
+
+
+def test_ranks_sharing_a_log_file_write_whole_lines(tmp_path):
+    """As the ranks of a node do: ``python -u``, one stdout file; -u alone joined lines ("rank 1 ...rank 0 ...")."""
+    code = "import os\nfor i in range(2000): print(f'rank {os.environ[\"R\"]} line {i} ' + 'x' * 60)\n"
+    log = tmp_path / "task.out"
+    with log.open("w") as out:
+        ranks = [
+            subprocess.Popen(
+                [sys.executable, "-u", "-c", code], stdout=out, env={**os.environ, "PYTHONPATH": FOLDER, "R": str(r)}
+            )
+            for r in range(2)
+        ]
+        assert [rank.wait(timeout=120) for rank in ranks] == [0, 0]
+    lines = log.read_text().splitlines()
+    assert len(lines) == 4000
+    assert [line for line in lines if not re.fullmatch(r"rank [01] line \d+ x{60}", line)] == []
+    for r in "01":  # each rank's lines in its order
+        assert [int(line.split()[3]) for line in lines if line.startswith(f"rank {r} ")] == list(range(2000))
+
+
+def test_a_rank_still_prints_at_once_what_ends_its_line(tmp_path):
+    code = "import sys, time\nprint('step 1', flush=False)\nsys.stdout.write('10%\\r')\ntime.sleep(30)\n"
+    rank = subprocess.Popen([sys.executable, "-u", "-c", code], stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": FOLDER})
+    try:
+        assert rank.stdout.readline() == b"step 1\n"
+        assert rank.stdout.read(4) == b"10%\r"  # a progress bar's line, at once
+    finally:
+        rank.kill()
+        rank.wait()

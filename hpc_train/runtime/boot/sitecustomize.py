@@ -9,12 +9,18 @@ torchrun/mpirun scripts: at exit, if torch.distributed was used, it lets go of t
 while the interpreter is still intact. Registered first, so it runs after the script's own atexit
 handlers. Then the next sitecustomize on the path, if any, runs as it would have without us.
 
+Ranks run ``python -u`` (their lines reach the log as they are printed), and ``-u`` writes a print's
+text and its newline in two writes: the ranks of a node share one log file, and their lines came out
+joined ("rank 1 ...rank 0 ...", then two empty lines). Here a rank's stdout and stderr keep ``-u``'s
+promptness but write each line whole: line buffering, not write-through.
+
 First, under ``--profile nsys``, the python of a chosen rank's script replaces itself by nsys running
 it (hpc_train_nsys.py beside this file): the one place every backend's ranks pass through.
 """
 
 import atexit
 import importlib
+import io
 import os
 import sys
 import time
@@ -61,6 +67,13 @@ def _contract() -> types.ModuleType | None:
     except OSError:
         return None
     return contract
+
+
+def _whole_lines() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        # write-through is what -u (or PYTHONUNBUFFERED) sets; a buffered stream writes whole lines already
+        if isinstance(stream, io.TextIOWrapper) and stream.write_through:
+            stream.reconfigure(line_buffering=True, write_through=False)
 
 
 def _profile_with_nsys(contract: types.ModuleType) -> None:
@@ -113,6 +126,7 @@ def _one_recorder_name() -> None:
         del os.environ[OLD_RECORDER]
 
 
+_whole_lines()
 _one_recorder_name()
 _CONTRACT = _contract()
 if _CONTRACT is not None:
