@@ -39,9 +39,30 @@ def _read(pid: str, tick: int) -> tuple[str, float, str] | None:
     return fields[19], cpu, test
 
 
+def kind(pid: str) -> str:
+    """What a process is, in a few words: its program and the module or script it runs ("python -m
+    torch.distributed.run", "python train.py", "slurmstepd"), read once per process."""
+    try:
+        argv = [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    except OSError:
+        return "?"
+    if not argv:
+        return "?"
+    words = [os.path.basename(argv[0])]
+    rest = iter(argv[1:])
+    for arg in rest:
+        if arg == "-m":
+            words += ["-m", next(rest, "")]
+            break
+        if not arg.startswith("-"):
+            words.append(os.path.basename(arg))
+            break
+    return " ".join(words)
+
+
 def sample(out: Path) -> None:
     tick = os.sysconf("SC_CLK_TCK")
-    seen: dict[str, list] = {}  # "pid:start" -> [test, cpu seconds]
+    seen: dict[str, list] = {}  # "pid:start" -> [test, cpu seconds, kind]
     stop = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.append(1))
@@ -51,7 +72,8 @@ def sample(out: Path) -> None:
             found = _read(pid, tick)
             if found:
                 start, cpu, test = found
-                seen[f"{pid}:{start}"] = [test, cpu]
+                key = f"{pid}:{start}"
+                seen[key] = [test, cpu, seen[key][2] if key in seen else kind(pid)]
         rounds += 1
         if rounds % 30 == 0 or stop:
             out.write_text(json.dumps(seen))
@@ -63,12 +85,19 @@ def report(path: Path, top: int) -> None:
     seen = json.loads(path.read_text())
     tests: collections.Counter[str] = collections.Counter()
     files: collections.Counter[str] = collections.Counter()
-    for test, cpu in seen.values():
+    kinds: collections.Counter[str] = collections.Counter()
+    counts: collections.Counter[str] = collections.Counter()
+    for test, cpu, *what in seen.values():
         tests[test] += cpu
         files[test.split("::")[0]] += cpu
+        kinds[what[0] if what else "?"] += cpu
+        counts[what[0] if what else "?"] += 1
     print(f"CPU of the processes the tests started: {sum(tests.values()):.0f} s in {len(seen)} processes")
     for name, cpu in files.most_common(15):
         print(f"{cpu:7.0f} s  {name}")
+    print("by what the processes were (CPU, processes, mean):")
+    for name, cpu in kinds.most_common(15):
+        print(f"{cpu:7.0f} s  {counts[name]:5d}  {cpu / counts[name]:5.1f} s  {name}")
     print(f"the {top} costliest tests:")
     for name, cpu in tests.most_common(top):
         print(f"{cpu:7.0f} s  {name}")

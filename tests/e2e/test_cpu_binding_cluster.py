@@ -41,8 +41,10 @@ KNOBS = {
 def binding_cluster(tmp_path_factory):
     assert len(HOST_CPUS) == 2, f"the binding twin wants 2 host CPUs, this machine has {HOST_CPUS}"
     cluster = SandboxCluster("/tmp/hpc_train-bind", extra_env=KNOBS)
-    keep = os.environ.get("HPC_TRAIN_SANDBOX_KEEP") == "1"
-    if not (keep and cluster.is_up()):
+    # a twin already up is reused and left up (HPC_TRAIN_SANDBOX_KEEP=1); one started here is taken down
+    # here, KEEP or not: make test keeps only the sandbox it brings down itself
+    reused = os.environ.get("HPC_TRAIN_SANDBOX_KEEP") == "1" and cluster.is_up()
+    if not reused:
         cluster.up()
     sites = tmp_path_factory.mktemp("sites")
     (sites / "bind.yaml").write_text(
@@ -61,7 +63,7 @@ partitions:
     try:
         yield cluster, sites
     finally:
-        if not keep:
+        if not reused:
             cluster.down()
 
 
