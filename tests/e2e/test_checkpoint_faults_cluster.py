@@ -36,7 +36,9 @@ FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 @pytest.fixture
 def site(slurm_cluster, tmp_path) -> Path:
     """The sandbox site, aimed at the cluster these tests run (HPC_TRAIN_SANDBOX_DIR may name another
-    than the one site_configs/sandbox.yaml's slurm_conf points at)."""
+    than the one site_configs/sandbox.yaml's slurm_conf points at). Its torchrun starts the ranks without
+    the agent: the checkpoints are the subject here, and the agent's import of torch cost each node of each
+    run ~2 s of CPU (the agent's own part in requeues: test_requeue_cluster, test_failures_cluster)."""
     return write(
         tmp_path / "sites" / "fault-sandbox.yaml",
         textwrap.dedent(f"""\
@@ -44,6 +46,9 @@ def site(slurm_cluster, tmp_path) -> Path:
         extends: sandbox
         slurm_conf: {slurm_cluster.slurm_conf}
         job_root: {slurm_cluster.jobs_dir}
+        backends:
+          torchrun:
+            agent: false
         """),
     )
 

@@ -23,6 +23,8 @@ def hpc(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 
 
 def run(job_root: Path, nodes: int, procs: int, *extra: str, script_args: tuple[str, ...] = (), backend: str = "torchrun") -> str:
+    if backend == "torchrun":  # the checkpoint's shapes are the subject, not the launcher: no agent (CPU-light)
+        extra = ("-o", "agent=false", *extra)
     out = hpc(
         "submit", "--site", "sandbox", "--job-root", str(job_root), "--backend", backend,
         "--nodes", str(nodes), "--procs-per-node", str(procs), "--wait", *extra,
