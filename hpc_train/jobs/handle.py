@@ -122,7 +122,6 @@ class JobHandle:
     @property
     def submitit_job(self) -> Any:
         if self._job is None:
-            self._ensure_scheduler_env()
             if self.record.scheduler == "local":
                 from submitit.local.local import LocalJob
 
@@ -132,12 +131,6 @@ class JobHandle:
 
                 self._job = SlurmJob(self.record.folder, self.job_id, tasks=list(range(self.record.num_tasks)))
         return self._job
-
-    def _ensure_scheduler_env(self) -> None:
-        # only for submitit's own calls (results of function jobs): it reads the process environment
-        # and takes no env of its own; our commands pass SLURM_CONF per call (hpc_train.submission.slurm_cmd)
-        if self.record.slurm_conf:
-            os.environ["SLURM_CONF"] = self.record.slurm_conf
 
     def _slurm(self, *cmd: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         return slurm_cmd.run(list(cmd), self.record.slurm_conf, timeout=timeout)
@@ -318,7 +311,9 @@ class JobHandle:
         """Every task's return value, in task order (function jobs)."""
         if self.record.kind != "function":
             raise UsageError(f"job {self.job_id} runs a script; it has logs and an exit status, not a result")
-        return list(self.submitit_job.results())
+        # submitit's wait and result reads run sacct with the process's environment: this job's cluster's
+        with slurm_cmd.slurm_conf_for_submitit(self.record.slurm_conf):
+            return list(self.submitit_job.results())
 
 
 def _interrupt(pid: int, grace_s: float = 2.0) -> None:

@@ -27,6 +27,7 @@ from submitit.core.utils import FailedJobError, FailedSubmissionError
 from hpc_train import contract
 from hpc_train.errors import SchedulerError, UsageError
 from hpc_train.jobs.handle import JobHandle, JobRecord
+from hpc_train.submission import slurm_cmd
 from hpc_train.submission.plan import JobPlan
 
 DEFAULT_LOCAL_TIMEOUT_MIN = 7 * 24 * 60
@@ -91,27 +92,11 @@ def login_slurm_conf(plan: JobPlan) -> str | None:
     return os.path.expanduser(plan.site.slurm_conf) if plan.site.slurm_conf else os.environ.get("SLURM_CONF")
 
 
-@contextlib.contextmanager
-def _slurm_conf_for_submitit(slurm_conf: str | None) -> Iterator[None]:
-    """submitit runs sbatch with this process's environment and takes no env of its own: the site's
-    SLURM_CONF is set for the call only, then put back (two sites in one process must not mix)."""
-    saved = os.environ.get("SLURM_CONF")
-    if slurm_conf:
-        os.environ["SLURM_CONF"] = slurm_conf
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = saved
-
-
 def submit_script(executor: Any, slurm_conf: str | None) -> Any:
     """Submit the executor's rendered script as it is. submitit has no public call for a job whose
     command is already in its script (ours: the backend's launch line in the template), so this is
     the one place its private ``_submit_command`` is used."""
-    with _slurm_conf_for_submitit(slurm_conf):
+    with slurm_cmd.slurm_conf_for_submitit(slurm_conf):
         return executor._submit_command("")
 
 
@@ -177,7 +162,7 @@ def _submit_slurm(plan: JobPlan, render: Callable[[JobPlan], str], fn: Any, args
         with _no_leftovers(Path(plan.job_root)), contextlib.redirect_stderr(io.StringIO()):
             # submitit prints sbatch's stderr before raising it: we say it once, in the error
             if plan.kind == "function":
-                with _slurm_conf_for_submitit(login_slurm_conf(plan)):
+                with slurm_cmd.slurm_conf_for_submitit(login_slurm_conf(plan)):
                     return executor.submit(fn, *args, **kwargs)
             return submit_script(executor, login_slurm_conf(plan))
     except FailedJobError as exc:

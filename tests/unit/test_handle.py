@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
@@ -52,3 +53,18 @@ def test_wait_backs_off_while_nothing_changes_and_polls_fast_again_on_a_change(m
     assert handle.wait(poll_s=1.0) == "COMPLETED"
     assert sleeps[:2] == [1.0, 1.0]  # a new state: look again soon
     assert sleeps[2:] == sorted(sleeps[2:]) and sleeps[-1] == 10.0  # then ever slower, capped
+
+
+def test_a_function_jobs_results_are_read_from_its_own_cluster_and_the_process_keeps_its_conf(monkeypatch, tmp_path):
+    # a notebook with two clusters: reading one job's results used to leave its SLURM_CONF in os.environ
+    monkeypatch.setenv("SLURM_CONF", "/etc/slurm/default.conf")
+    handle = slurm_job(tmp_path, kind="function", slurm_conf="/clusters/b/slurm.conf")
+    assert handle.submitit_job is not None and os.environ["SLURM_CONF"] == "/etc/slurm/default.conf"
+
+    class Waited:  # submitit's job, as far as results() goes: it calls sacct with the process's environment
+        def results(self):
+            return [os.environ.get("SLURM_CONF")]
+
+    handle._job = Waited()
+    assert handle.results() == ["/clusters/b/slurm.conf"]
+    assert os.environ["SLURM_CONF"] == "/etc/slurm/default.conf"
