@@ -10,13 +10,41 @@ Importing it takes off ``sys.argv`` what the launch added for the deepspeed laun
 (``--local_rank=N``, see ``hpc_train.runtime.argv``): the script reads exactly its user's arguments.
 """
 
+import importlib as _importlib
 import os as _os
 import sys as _sys
+from typing import TYPE_CHECKING, Any
 
 from hpc_train.runtime.argv import remove_added as _remove_added
-from hpc_train.runtime.context import Context, init
-from hpc_train.runtime.environment import DistEnv, detect
-from hpc_train.runtime.options import RuntimeOptions
+
+if TYPE_CHECKING:
+    from hpc_train.runtime.context import Context, init
+    from hpc_train.runtime.environment import DistEnv, detect
+    from hpc_train.runtime.options import RuntimeOptions
+
+# The API's names load on first use (PEP 562): the batch shell's tools (``python -m
+# hpc_train.runtime.watchdog``, node_check, signal_guard, the launch shim of every rank) pass through this
+# package and loaded the whole training library with it, 25 modules they never use.
+_LAZY = {
+    "Context": "hpc_train.runtime.context",
+    "init": "hpc_train.runtime.context",
+    "DistEnv": "hpc_train.runtime.environment",
+    "detect": "hpc_train.runtime.environment",
+    "RuntimeOptions": "hpc_train.runtime.options",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 # at import: the script imports us at its top, before it reads sys.argv
 _remove_added(_sys.argv, _os.environ, _os.getpid())
