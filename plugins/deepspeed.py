@@ -23,6 +23,7 @@ from hpc_train import (
     LaunchInfo,
     Raw,
     Word,
+    contract,
     hookimpl,
     launch_shim,
     survive_stop_signal,
@@ -34,7 +35,8 @@ from hpc_train.submission.layout import parse as parse_layout
 from hpc_train.submission.plan import JOB
 
 CONFIG_ENV = "HPC_TRAIN_DEEPSPEED_CONFIG_JSON"
-CONFIG_FILE = "${HPC_TRAIN_JOB_FOLDER}/ds_config.json"
+CONFIG_PATH_ENV = "HPC_TRAIN_DEEPSPEED_CONFIG"  # for the script: the path of the ds_config the job runs with
+CONFIG_FILE = f"${{{contract.ENV_JOB_FOLDER}}}/ds_config.json"
 
 
 DEFAULT_ZERO_STAGE = 2
@@ -416,9 +418,9 @@ class DeepSpeed(Backend):
     def setup(self, info: LaunchInfo) -> list[str]:
         return [
             *self._config_note(info),
-            'mkdir -p "${HPC_TRAIN_JOB_FOLDER}"',
+            f'mkdir -p "${{{contract.ENV_JOB_FOLDER}}}"',
             f'printf \'%s\\n\' "${{{CONFIG_ENV}}}" > "{CONFIG_FILE}"',
-            f'export HPC_TRAIN_DEEPSPEED_CONFIG="{CONFIG_FILE}"',
+            f'export {CONFIG_PATH_ENV}="{CONFIG_FILE}"',
         ]
 
     def _config_note(self, info: LaunchInfo) -> list[str]:

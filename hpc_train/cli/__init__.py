@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Sequence
 from typing import NoReturn
 
-from hpc_train import __version__
+from hpc_train import __version__, contract
 from hpc_train.errors import EXIT_USAGE, ConfigWarning, HpcTrainError
 
 _python_showwarning = warnings.showwarning
@@ -89,7 +89,7 @@ def add_plugin_commands(sub: argparse._SubParsersAction) -> None:
             taken_by = f"plugin {owners[name]!r}" if name in owners else "a built-in command"
             _warn(
                 f"plugin {owner!r}: command {name!r} is already provided by {taken_by}; skipped "
-                f"(HPC_TRAIN_DISABLE_PLUGINS={owner} switches the plugin off)"
+                f"({contract.ENV_DISABLE_PLUGINS}={owner} switches the plugin off)"
             )
             continue
         try:

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from hpc_train import contract
 from hpc_train.config.fields import Flag, Kind, default_of, field_kinds
 from hpc_train.config.job import GROUPS, JobSpec
 from hpc_train.errors import UsageError
@@ -122,7 +123,7 @@ def add_sweep_options(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME=V1,V2",
-        help="run once per value, as --NAME V and $HPC_TRAIN_SWEEP_NAME (repeatable: a grid)",
+        help=f"run once per value, as --NAME V and ${contract.ENV_SWEEP_PREFIX}NAME (repeatable: a grid)",
     )
     s.add_argument(
         "--max-concurrent",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from hpc_train import contract
+
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return sub.add_parser(
@@ -28,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
         if set(info.hooks) & {*SITE_SCOPED_HOOKS, "hpc_train_site_dirs", "hpc_train_site_names"}:
             print(f"    sites: {', '.join(info.sites) if info.sites is not None else 'all (it names none)'}")
     for name in sorted(disabled_plugins()):
-        print(f"{name}: disabled by HPC_TRAIN_DISABLE_PLUGINS")
+        print(f"{name}: disabled by {contract.ENV_DISABLE_PLUGINS}")
     for failure in plugins.failures:
         dist = f"{failure.distribution} {failure.version or ''}".rstrip() if failure.distribution else "unknown distribution"
         print(f"{failure.name} ({dist}): FAILED to load: {failure.error}")

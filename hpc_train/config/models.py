@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
+from hpc_train import contract
 from hpc_train.config.duration import optional_duration
 from hpc_train.config.fields import After, Before, Ge, Gt, Le, Model, Pattern, setting
 from hpc_train.config.slurm_time import parse_slurm_time
@@ -129,7 +130,7 @@ def _storage_key(key: str) -> str:
         fixed = key.replace("-", "_").replace(".", "_")
         hint = f"; did you mean {fixed!r}?" if STORAGE_KEY.fullmatch(fixed) else ""
         raise ValueError(
-            f"{key!r} is not a storage name: letters, digits and _ (it becomes the variable HPC_TRAIN_<NAME>_DIR){hint}"
+            f"{key!r} is not a storage name: letters, digits and _ (it becomes the variable {contract.storage_dir_env('<NAME>')}){hint}"
         )
     return key
 
@@ -308,7 +309,7 @@ class SiteConfig(Model):
     health: Health = setting(factory=Health)
     tools: Tools = setting(factory=Tools)
     storage: dict[Annotated[str, After(_storage_key)], str] = setting(
-        doc="named shared paths, exported as HPC_TRAIN_<NAME>_DIR", factory=dict
+        doc=f"named shared paths, exported as {contract.storage_dir_env('<NAME>')}", factory=dict
     )
     job_root: str = setting("~/hpc_train/jobs", "where job folders (logs, scripts, results) go; must be shared")
     checkpoint_local_dir: Annotated[str | None, After(_local_dir)] = setting(

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 ENTRY_POINT_GROUP = "hpc_train"
 SITE_SUFFIXES = (".yaml", ".yml")
-DISABLE_HINT = "switch it off with HPC_TRAIN_DISABLE_PLUGINS={name}"
+DISABLE_HINT = f"switch it off with {contract.ENV_DISABLE_PLUGINS}={{name}}"
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,7 @@ class Plugins:
                 if name in found:
                     raise PluginError(
                         f"backend {name!r} is provided by two plugins: {owners[name]!r} and {impl.plugin_name!r}",
-                        hint="uninstall one, or disable it with HPC_TRAIN_DISABLE_PLUGINS",
+                        hint=f"uninstall one, or disable it with {contract.ENV_DISABLE_PLUGINS}",
                     )
                 found[name] = cls
                 owners[name] = impl.plugin_name
@@ -223,7 +223,7 @@ class Plugins:
         if files.conflicts:
             raise PluginError(
                 "; ".join(map(str, files.conflicts)),
-                hint="uninstall one, or switch one off with HPC_TRAIN_DISABLE_PLUGINS=" + files.conflicts[0].second,
+                hint=f"uninstall one, or switch one off with {contract.ENV_DISABLE_PLUGINS}=" + files.conflicts[0].second,
             )
         return [(folder, f"plugin {name}") for folder, name in files.dirs]
 

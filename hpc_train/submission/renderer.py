@@ -12,7 +12,7 @@ from pathlib import Path
 
 import jinja2
 
-from hpc_train import __version__
+from hpc_train import __version__, contract
 from hpc_train._resources import builtin_dir, cache_dir
 from hpc_train.contract import FILES
 from hpc_train.errors import Problem, TemplateError
@@ -75,7 +75,7 @@ def context(plan: JobPlan) -> dict[str, object]:
             # with spare nodes the allocation is larger than the step: the script picks the healthy ones
             # (and the step's task count: the batch shell's SLURM_NTASKS counts the spares' tasks too)
             *(
-                [f"--ntasks={plan.nodes * plan.tasks_per_node}", Raw('--nodelist="${HPC_TRAIN_STEP_NODES}"')]
+                [f"--ntasks={plan.nodes * plan.tasks_per_node}", Raw(f'--nodelist="${{{contract.ENV_STEP_NODES}}}"')]
                 if plan.spare_nodes
                 else []
             ),

@@ -66,8 +66,9 @@ def test_every_variable_the_templates_use_is_declared_in_the_contract():
 
 
 def spelled_names(path: Path, own_constants: bool = False) -> Iterator[str]:
-    """String constants (f-string parts too) that start with a variable's name; docstrings excepted, and with
-    ``own_constants`` the value of a module-level ``NAME = "HPC_TRAIN_..."`` (a plugin's own variable)."""
+    """Variables' names written in string constants (f-string parts too), anywhere in the string (a shell
+    line's ``${HPC_TRAIN_X}`` as much as a bare name); docstrings excepted, and with ``own_constants`` the
+    value of a module-level ``NAME = "HPC_TRAIN_..."`` (a plugin's own variable)."""
     tree = ast.parse(path.read_text(), str(path))
     # a string standing alone as a statement is a docstring (or dead text): nothing reads it
     unread = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
@@ -76,13 +77,11 @@ def spelled_names(path: Path, own_constants: bool = False) -> Iterator[str]:
     found = [
         node
         for node in ast.walk(tree)
-        if isinstance(node, ast.Constant)
-        and isinstance(node.value, str)
-        and id(node) not in unread
-        and node.value.startswith(PREFIX)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in unread and PREFIX in node.value
     ]
     for node in sorted(found, key=lambda node: (node.lineno, node.col_offset)):
-        yield f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}"
+        for name in re.findall(rf"{PREFIX}[A-Z0-9_]*", node.value):
+            yield f"{path.relative_to(REPO)}:{node.lineno}: {name!r}"
 
 
 def test_no_module_spells_a_variable_name_outside_the_contract():
@@ -107,4 +106,4 @@ def test_the_scan_sees_f_string_parts_and_skips_docstrings(tmp_path, monkeypatch
         'def f(key):\n    """HPC_TRAIN_ALSO_DOC"""\n'
         '    return f"HPC_TRAIN_{key}_DIR", "x HPC_TRAIN_LATER", "HPC_TRAIN_PLAIN"\n'
     )
-    assert list(spelled_names(source)) == ["m.py:4: 'HPC_TRAIN_'", "m.py:4: 'HPC_TRAIN_PLAIN'"]
+    assert list(spelled_names(source)) == ["m.py:4: 'HPC_TRAIN_'", "m.py:4: 'HPC_TRAIN_LATER'", "m.py:4: 'HPC_TRAIN_PLAIN'"]
