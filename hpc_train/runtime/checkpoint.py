@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any
 from hpc_train import contract
 from hpc_train.contract import COMMIT, committed
 from hpc_train.runtime import checkpoint_files, commit_marker, local_tier, resume, retries, rng_state, shard_save
+from hpc_train.runtime.log import log
 from hpc_train.runtime.no_retry import refuse_retry
-from hpc_train.runtime.preemption import StopWatcher, log, requeue
+from hpc_train.runtime.preemption import StopWatcher, requeue
 
 if TYPE_CHECKING:
     from hpc_train.runtime.context import Context

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from hpc_train.runtime.log import topic_log
+
+_log = topic_log("data")
 
 
 class DistributedLoader:
@@ -193,7 +196,3 @@ def _ranges(ranks: tuple[int, ...]) -> str:
         else:
             spans.append([rank, rank])
     return ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in spans)
-
-
-def _log(message: str) -> None:
-    print(f"hpc_train data: {message}", file=sys.stderr, flush=True)

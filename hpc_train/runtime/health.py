@@ -30,8 +30,9 @@ from pathlib import Path
 from hpc_train import contract, scontrol
 from hpc_train.runtime import retries
 from hpc_train.runtime.hang_report import first_failures
+from hpc_train.runtime.log import log
 from hpc_train.runtime.suspects import NODE_CHECK_REASON, read_suspects, record_suspect
-from hpc_train.runtime.watchdog import log, read_beats
+from hpc_train.runtime.watchdog import read_beats
 
 
 def newest_step(job_folder: Path) -> int:

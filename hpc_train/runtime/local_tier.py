@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from hpc_train import contract
 from hpc_train.runtime import commit_marker
+from hpc_train.runtime.log import log
 from hpc_train.runtime.peer_copy import HELD, Client, PeerError, Server, own_address, receive_file, seal
-from hpc_train.runtime.preemption import log
 
 if TYPE_CHECKING:
     from hpc_train.runtime.context import Context

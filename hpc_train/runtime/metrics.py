@@ -31,7 +31,6 @@ import json
 import math
 import os
 import socket
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,7 +38,10 @@ from typing import TYPE_CHECKING, Any
 
 from hpc_train import contract
 from hpc_train.runtime import straggler
+from hpc_train.runtime.log import topic_log
 from hpc_train.runtime.memory import peak_bytes
+
+_log = topic_log("metrics")
 
 if TYPE_CHECKING:
     from hpc_train.runtime.base import BackendRuntime
@@ -75,10 +77,6 @@ def metrics_dir(environ: dict[str, str] | None = None) -> Path | None:
     if env.get(contract.ENV_JOB_FOLDER):
         return Path(env[contract.ENV_JOB_FOLDER]) / contract.METRICS
     return None  # outside a job: measure, write nothing
-
-
-def _log(message: str) -> None:
-    print(f"hpc_train metrics: {message}", file=sys.stderr, flush=True)
 
 
 def union_seconds(intervals: list[tuple[float, float]]) -> float:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from hpc_train import contract
 from hpc_train.fabric.doctor import FAIL, OK, Check, Context, Report, check_gpus, check_infiniband, check_interfaces, run_command
+from hpc_train.runtime.log import log
 from hpc_train.runtime.suspects import NODE_CHECK_REASON, record_suspect
 
 FOLDER_TIMEOUT_S = 10.0  # a healthy shared file system answers in milliseconds; a stale NFS mount never
@@ -195,10 +196,6 @@ def judge(job_folder: Path, run: int, reports: list[Report], nodes: list[str], e
         + (f"; run {run} avoids {', '.join(failed)}" if failed else "")
     )
     return 1 if failed else 0
-
-
-def log(message: str) -> None:
-    print(f"hpc_train: {message}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

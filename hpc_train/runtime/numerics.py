@@ -25,14 +25,16 @@ skipped twice.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from math import isfinite
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from hpc_train import contract
+from hpc_train.runtime.log import topic_log
 from hpc_train.runtime.no_retry import refuse_retry
+
+_log = topic_log("numerics")
 
 if TYPE_CHECKING:
     from hpc_train.runtime.base import BackendRuntime
@@ -52,10 +54,6 @@ def _as_float(norm: Any) -> float:
     if hasattr(norm, "full_tensor"):  # clipping DTensor gradients (tensor parallel) returns a DTensor norm
         norm = norm.full_tensor()
     return float(norm)
-
-
-def _log(message: str) -> None:
-    print(f"hpc_train numerics: {message}", file=sys.stderr, flush=True)
 
 
 class DivergenceError(RuntimeError):

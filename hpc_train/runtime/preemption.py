@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -115,7 +114,3 @@ def requeue(job_id: str | None = None, environ: Mapping[str, str] | None = None)
             )
         return False, f"scontrol requeue {job_id} failed: {out.stderr.strip() or f'status {out.returncode}'}"
     return True, f"requeued job {job_id}"
-
-
-def log(message: str) -> None:
-    print(f"hpc_train: {message}", file=sys.stderr, flush=True)

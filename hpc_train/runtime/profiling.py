@@ -19,19 +19,17 @@ jobs and jobs without ``--profile`` get no wrapper, hook or range at all.
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpc_train.config.profile_spec import ProfileSpec, SpecError, parse, run_folder
+from hpc_train.runtime.log import topic_log
+
+log = topic_log("profile")
 
 if TYPE_CHECKING:
     from hpc_train.runtime.base import BackendRuntime
-
-
-def log(message: str) -> None:
-    print(f"hpc_train profile: {message}", file=sys.stderr, flush=True)
 
 
 def _steps(spec: ProfileSpec) -> str:

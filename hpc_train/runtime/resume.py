@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 from hpc_train import contract
 from hpc_train.contract import committed
 from hpc_train.resume_shape import ENGINE, REPLICATED, SHAPE, SHARDED, describe, loader_refusal, read_shape, refusal
+from hpc_train.runtime.log import log
 from hpc_train.runtime.no_retry import refuse_retry
-from hpc_train.runtime.preemption import log
 
 if TYPE_CHECKING:
     from hpc_train.runtime.checkpoint import Checkpointer

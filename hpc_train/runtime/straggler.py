@@ -24,7 +24,6 @@ import json
 import math
 import os
 import socket
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_train import contract
+from hpc_train.runtime.log import log as _log
 
 DEFAULT_THRESHOLD = 0.2
 DEFAULT_WINDOW = 50
@@ -44,10 +44,6 @@ NAMED_AFTER = 3
 # tests) make rank 0's own bookkeeping (metrics writes) look like a 60 % slowdown of nothing that matters.
 MIN_EXCESS_S = 0.002
 OFF = ("0", "off", "false", "no", "none")
-
-
-def _log(message: str) -> None:
-    print(f"hpc_train: {message}", file=sys.stderr, flush=True)
 
 
 # -- settings ------------------------------------------------------------------------------------

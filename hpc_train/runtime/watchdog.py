@@ -30,6 +30,7 @@ from typing import Any
 from hpc_train import contract
 from hpc_train.runtime.hang_report import Culprit, behind, cpu_seconds, last_collectives, main_stack, waiting
 from hpc_train.runtime.heartbeat import FLIGHT_RECORD_SUFFIX, REQUEST, dump_folder
+from hpc_train.runtime.log import log
 from hpc_train.runtime.outside_stacks import dump_from_outside
 from hpc_train.runtime.suspects import record_suspect
 
@@ -365,10 +366,6 @@ def end_step(settings: Settings, step_pid: int) -> None:
             os.kill(step_pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-
-
-def log(message: str) -> None:
-    print(f"hpc_train: {message}", file=sys.stderr, flush=True)
 
 
 def _alive(pid: int) -> Any:
