@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from hpc_train import contract
 from hpc_train.contract import COMMIT, committed
 from hpc_train.runtime import checkpoint_files, commit_marker, local_tier, resume, retries, rng_state, shard_save
+from hpc_train.runtime.checkpoint_events import CheckpointObserver
 from hpc_train.runtime.log import log
 from hpc_train.runtime.no_retry import refuse_retry
 from hpc_train.runtime.preemption import StopWatcher, requeue
@@ -88,6 +89,7 @@ class Checkpointer:
         self.last_saved: int | None = None
         self.writers = writers
         self._pending: shard_save.Share | None = None  # a save whose shares are not all committed yet
+        self._observers: list[CheckpointObserver] = []  # metrics, the profiler: subscribe()
         self._writer: threading.Thread | None = None  # this rank's background write of it
         self._staging: dict[tuple[Any, ...], Any] = {}
         if ctx.is_main:
@@ -143,10 +145,23 @@ class Checkpointer:
         """Committed checkpoints, newest first."""
         return committed(self.folder)
 
-    def restore(self) -> int:
-        """The step to continue from: 0 on a fresh job, else the newest checkpoint that loads.
+    def subscribe(self, observer: CheckpointObserver) -> None:
+        """``observer`` hears of this checkpointer's saves, commits and restores from now on."""
+        self._observers.append(observer)
 
-        Every rank tries the same checkpoints (rank 0's listing) and they agree before and after
+    def restore(self) -> int:
+        """The step to continue from: 0 on a fresh job, else the newest checkpoint that loads (observers
+        hear of it: ``after_restore``)."""
+        step = self._restore()
+        self._announce("after_restore", step)
+        return step
+
+    def _announce(self, event: str, step: int) -> None:
+        for observer in self._observers:
+            getattr(observer, event)(step)
+
+    def _restore(self) -> int:
+        """Every rank tries the same checkpoints (rank 0's listing) and they agree before and after
         loading each: one rank falling back alone would train from another step, or hang in
         DeepSpeed's collective load. When checkpoints exist and none loads, every rank raises
         (training silently from step 0 would throw the run away), unless restart_from_scratch.
@@ -163,9 +178,7 @@ class Checkpointer:
             return resume.restore_from(self, other)
         candidates = runtime.gather_object(self.complete() if self.ctx.is_main else None)[0]
         for index, (step, path) in enumerate(candidates):
-            problem = self._agreed(self.verify(path))  # a damaged file is never loaded
-            if problem is None:
-                problem = self._agreed(self._try_load(path))
+            problem = self.loads(path)
             if problem is None:
                 self._set_aside(failed)
                 resume.adapt(self.ctx, path)  # a resumed run's global batch, after a requeue too
@@ -201,11 +214,9 @@ class Checkpointer:
         except Exception as exc:  # a peer gone, a full local disk: the shared copy may still do
             problem = f"{socket.gethostname()}: {type(exc).__name__}: {exc}"
         path = self.tier.final(choice.step)
-        problem = self._agreed(problem)
+        problem = self._agreed(problem)  # the same on every rank: all load, or none
         if problem is None:
-            problem = self._agreed(self.verify(path, local_tier.HELD))
-        if problem is None:
-            problem = self._agreed(self._try_load(path))
+            problem = self.loads(path, local_tier.HELD)
         if problem is not None:
             if self.ctx.is_main:
                 log(f"warning: the node-local copies of step {choice.step} do not load ({problem}); trying {self.folder}")
@@ -245,6 +256,13 @@ class Checkpointer:
             p for name in share if (p := checkpoint_files.check_file(path, name, sizes[name], digests.get(name), algorithm))
         ]
         return ", ".join(problems) or None
+
+    def loads(self, path: Path, marker: str = COMMIT) -> str | None:
+        """Checkpoint ``path`` verified against its ``marker`` and loaded, every rank agreeing after each:
+        None once it loaded on every rank, else what was wrong (the same text on every rank). A
+        collective; a checkpoint that fails on one rank is loaded on none."""
+        problem = self._agreed(self.verify(path, marker))  # a damaged file is never loaded
+        return problem if problem is not None else self._agreed(self._try_load(path))
 
     def _agreed(self, problem: str | None) -> str | None:
         """Every rank's problems with one checkpoint, the same text on every rank; None if none had any."""
@@ -316,6 +334,15 @@ class Checkpointer:
 
     # -- saving -----------------------------------------------------------------------------------
     def save(self, step: int, *, wait: bool | None = None) -> None:
+        """Save ``step`` now (observers hear ``before_save`` and ``after_save``); every rank must call it.
+        See ``_save``."""
+        self._announce("before_save", step)
+        try:
+            self._save(step, wait)
+        finally:
+            self._announce("after_save", step)
+
+    def _save(self, step: int, wait: bool | None) -> None:
         """Save ``step`` now; every rank must call it. Each rank writes its share of replicated state
         (rank 0 also the rest); with async saving on, in a background thread after copying its share
         (the only part that blocks training), unless ``wait``. Committed once every share is durable:
@@ -412,6 +439,7 @@ class Checkpointer:
             self._commit_local(share, reports)
         else:
             self._agree_on(self._commit(share, reports) if self.ctx.is_main else None)
+        self._announce("after_commit", share.step)
 
     def _abandon(self, tmp: Path, step: int, error: Exception | None, needed: int, who: str) -> None:
         """Raise the first failing rank's error on every rank, after the partial write was removed
@@ -610,8 +638,7 @@ class Checkpointer:
                     retries.record_here(code, "not_retried", "requeue_failed", message)
         code = self.ctx.runtime.gather_object(code)[0]  # rank 0 decided for everyone
         self.watcher.close()
-        self.ctx.shutdown()
-        raise SystemExit(code)
+        self.ctx.end_run(code)
 
     def close(self) -> None:
         self.wait()

@@ -8,7 +8,7 @@ import importlib
 import os
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 from hpc_train import contract
 from hpc_train.runtime import resume
@@ -135,12 +135,12 @@ class Context:
         checkpointer = Checkpointer(
             self, folder, every=every, keep=keep, async_save=async_save, restart_from_scratch=restart_from_scratch
         )
-        if self.metrics is not None:
-            self.metrics.follow_restore(checkpointer)
+        if self.metrics is not None:  # a restored run's steps are numbered from its checkpoint
+            checkpointer.subscribe(self.metrics)
         if self.memory is not None:  # a halved micro-batch stays halved after a restore
             checkpointer.track("hpc_train.memory", self.memory)
-        if self.profiler is not None:
-            self.profiler.follow(checkpointer)
+        if self.profiler is not None:  # a range around each save
+            checkpointer.subscribe(self.profiler)
         self._checkpointers.append(checkpointer)
         return checkpointer
 
@@ -212,6 +212,12 @@ class Context:
         """print on rank 0 only, flushed (logs are read while the job runs)."""
         if self.is_main:
             print(*args, **kwargs, flush=True)
+
+    def end_run(self, code: int) -> NoReturn:
+        """The run ends here with exit status ``code`` (a checkpointer stopping at a scheduler's warning
+        asks for it, having saved and requeued): shut down in order on every rank, then exit."""
+        self.shutdown()
+        raise SystemExit(code)
 
     def shutdown(self) -> None:
         """End the job's side of training in order; every rank calls it, a second call does nothing.

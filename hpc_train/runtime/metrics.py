@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpc_train import contract
 from hpc_train.runtime import straggler
+from hpc_train.runtime.checkpoint_events import CheckpointObserver
 from hpc_train.runtime.log import topic_log
 from hpc_train.runtime.memory import peak_bytes
 
@@ -45,7 +46,6 @@ _log = topic_log("metrics")
 
 if TYPE_CHECKING:
     from hpc_train.runtime.base import BackendRuntime
-    from hpc_train.runtime.checkpoint import Checkpointer
 
 SWITCH = contract.ENV_METRICS
 JSONL = contract.STEPS
@@ -140,7 +140,7 @@ class _CudaClock:
         self.torch.cuda.synchronize()
 
 
-class MetricsRecorder:
+class MetricsRecorder(CheckpointObserver):
     """Per-step measurements of one process; rank 0 writes them (see the module docstring)."""
 
     def __init__(
@@ -286,16 +286,9 @@ class MetricsRecorder:
 
         register(before_forward, with_kwargs=True)
 
-    def follow_restore(self, checkpointer: Checkpointer) -> None:
-        """Number steps from the checkpoint a requeued run restores."""
-        restore = checkpointer.restore
-
-        def restored() -> int:
-            step = restore()
-            self.start_at(step)
-            return step
-
-        checkpointer.restore = restored  # type: ignore[method-assign]
+    def after_restore(self, step: int) -> None:
+        """Number steps from the checkpoint a requeued run restores (a checkpointer's event)."""
+        self.start_at(step)
 
     def start_at(self, step: int) -> None:
         if self.step == self.start_step and not self._pending and not self._header_written:

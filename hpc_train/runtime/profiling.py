@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpc_train.config.profile_spec import ProfileSpec, SpecError, parse, run_folder
+from hpc_train.runtime.checkpoint_events import CheckpointObserver
 from hpc_train.runtime.log import topic_log
 
 log = topic_log("profile")
@@ -74,7 +75,7 @@ def nvtx_ranges() -> Ranges:
     return Ranges(torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop)
 
 
-class Profiler:
+class Profiler(CheckpointObserver):
     """One profiling rank: counts the run's optimizer steps and records the spec's window of them."""
 
     def __init__(self, spec: ProfileSpec, rank: int, folder: Path, *, cuda: bool = False, ranges: Ranges | None = None) -> None:
@@ -95,9 +96,13 @@ class Profiler:
         if register is not None and not self.started and self._hook is None:
             self._hook = register(lambda *_: self.start())
 
-    def follow(self, checkpointer: Any) -> None:
+    def before_save(self, step: int) -> None:
+        if self.ranges is not None:  # a checkpointer's events: one range around each save
+            self.ranges.push("checkpoint")
+
+    def after_save(self, step: int) -> None:
         if self.ranges is not None:
-            self.ranges.wrap(checkpointer, "save", "checkpoint")
+            self.ranges.pop()
 
     # -- the window ----------------------------------------------------------------------------
     def start(self) -> None:

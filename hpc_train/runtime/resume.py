@@ -131,9 +131,7 @@ def restore_from(checkpointer: Checkpointer, folder: Path) -> int:
     failed = []
     for step, path in candidates:
         check(checkpointer, path)
-        problem = checkpointer._agreed(checkpointer.verify(path))
-        if problem is None:
-            problem = checkpointer._agreed(checkpointer._try_load(path))
+        problem = checkpointer.loads(path)
         if problem is None:
             adapt(ctx, path)
             if ctx.is_main:

@@ -323,3 +323,45 @@ def test_restart_from_scratch_still_resumes_from_a_checkpoint_that_loads(tmp_pat
     save_two(tmp_path)
     _, _, ckpt = make(tmp_path, restart_from_scratch=True)  # left on across requeues: must not lose progress
     assert ckpt.restore() == 20
+
+
+def test_observers_hear_of_saves_commits_and_restores_in_order_and_of_a_failed_save_too(tmp_path):
+    from hpc_train.runtime.checkpoint_events import CheckpointObserver
+
+    class Heard(CheckpointObserver):
+        def __init__(self) -> None:
+            self.events: list[tuple[str, int]] = []
+
+        def before_save(self, step: int) -> None:
+            self.events.append(("before_save", step))
+
+        def after_save(self, step: int) -> None:
+            self.events.append(("after_save", step))
+
+        def after_commit(self, step: int) -> None:
+            self.events.append(("after_commit", step))
+
+        def after_restore(self, step: int) -> None:
+            self.events.append(("after_restore", step))
+
+    ctx, model, ckpt = make(tmp_path, async_save=True)
+    heard = Heard()
+    ckpt.subscribe(heard)
+    train_one(ctx, model)
+    ckpt.save(1)  # in the background: committed by the next collective call
+    assert heard.events == [("before_save", 1), ("after_save", 1)]
+    ckpt.wait()
+    ckpt.save(2, wait=True)
+    assert heard.events[2:] == [("after_commit", 1), ("before_save", 2), ("after_commit", 2), ("after_save", 2)]
+    blocked = tmp_path / "blocked"
+    blocked.write_text("")
+    ckpt.folder = blocked  # a folder that is a file: the save fails, and the range around it still ends
+    with pytest.raises(NotADirectoryError):
+        ckpt.save(3, wait=True)
+    assert heard.events[-2:] == [("before_save", 3), ("after_save", 3)]
+    ctx.shutdown()
+
+    ctx2, _, restoring = make(tmp_path)
+    restoring.subscribe(heard)
+    assert restoring.restore() == 2 and heard.events[-1] == ("after_restore", 2)
+    ctx2.shutdown()

@@ -42,10 +42,11 @@ def read_jsonl(folder):
     return [json.loads(line) for line in (folder / "metrics" / JSONL).read_text().splitlines()]
 
 
-def train(ctx, steps, micro=1, batch=8):
+def train(ctx, steps, micro=1, batch=8, prepared=lambda: None):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     model, _ = ctx.prepare(model, torch.optim.SGD(model.parameters(), lr=0.05))
+    prepared()  # where a script restores its checkpoint
     losses = []
     for step in range(steps):
         micro_losses = []
@@ -148,17 +149,15 @@ def test_blocking_gradient_averaging_counts_as_communication(job_folder):
 
 
 def test_a_requeued_run_numbers_steps_from_its_checkpoint(job_folder, monkeypatch):
+    first = make_ctx(metrics=False)  # run 1 saved step 7
+    train(first, steps=1)
+    first.checkpointer(str(job_folder / "checkpoints"), every=0).save(7)
+    first.shutdown()
     monkeypatch.setenv("HPC_TRAIN_RUN", "2")
-
-    class Restoring:
-        def restore(self) -> int:
-            return 7
-
-    ctx = make_ctx()
-    ckpt = Restoring()
-    ctx.metrics.follow_restore(ckpt)
-    assert ckpt.restore() == 7
-    train(ctx, steps=3)
+    ctx = make_ctx()  # the metrics hear of the restore from the checkpointer (its after_restore event)
+    restored = []
+    train(ctx, steps=3, prepared=lambda: restored.append(ctx.checkpointer(str(job_folder / "checkpoints"), every=0).restore()))
+    assert restored == [7]
     ctx.shutdown()
     lines = read_jsonl(job_folder)
     assert lines[0]["run"] == 2 and lines[0]["start_step"] == 7
