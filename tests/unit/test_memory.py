@@ -25,7 +25,7 @@ from tests.rank_launcher import run_world
 
 # One rank's job: a batch of 2048 needs ~500 MB of activations and gradients, 512 a quarter of that.
 SCRIPT = """\
-import json, os, resource, sys
+import ctypes, json, os, resource, sys
 from pathlib import Path
 import torch
 
@@ -35,6 +35,11 @@ def vm_bytes():
 
 budget = int(os.environ.get("TEST_MEMORY_BUDGET_MB", "0")) * 2**20
 if budget:  # torch's libraries are mapped, no tensor is allocated yet
+    # glibc reads MALLOC_ARENA_MAX when a process starts, and a rank forked from the tests' server
+    # (tests/rank_launcher.py) started long before: without the cap each new thread's arena reserved
+    # 64 MB of the budget, and a run under load ran out of it at any micro-batch (and of threads)
+    if os.environ.get("MALLOC_ARENA_MAX"):
+        assert ctypes.CDLL(None).mallopt(-8, int(os.environ["MALLOC_ARENA_MAX"])) == 1  # M_ARENA_MAX
     resource.setrlimit(resource.RLIMIT_AS, (vm_bytes() + budget, resource.RLIM_INFINITY))
 
 from torch.utils.data import TensorDataset
