@@ -6,8 +6,9 @@ no site file should not pay for the YAML loader.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from hpc_train.lazy import lazy_names
 
 if TYPE_CHECKING:
     from hpc_train.config.job import JobSpec
@@ -22,11 +23,7 @@ _WHERE = {
     "SiteConfig": "hpc_train.config.models",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'hpc_train.config' has no attribute {name!r}")
-    return getattr(importlib.import_module(_WHERE[name]), name)
+__getattr__, __dir__ = lazy_names(globals(), _WHERE)
 
 
 __all__ = ["JobSpec", "Partition", "SiteConfig", "SiteRegistry", "load_site"]

@@ -10,11 +10,11 @@ Importing it takes off ``sys.argv`` what the launch added for the deepspeed laun
 (``--local_rank=N``, see ``hpc_train.runtime.argv``): the script reads exactly its user's arguments.
 """
 
-import importlib as _importlib
 import os as _os
 import sys as _sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from hpc_train.lazy import lazy_names
 from hpc_train.runtime.argv import remove_added as _remove_added
 
 if TYPE_CHECKING:
@@ -34,17 +34,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(_importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
-
+__getattr__, __dir__ = lazy_names(globals(), _LAZY)
 
 # at import: the script imports us at its top, before it reads sys.argv
 _remove_added(_sys.argv, _os.environ, _os.getpid())
