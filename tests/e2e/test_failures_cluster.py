@@ -4,15 +4,17 @@ stopped with SIGSTOP), a node where training fails at start, a crash loop."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from hpc_train.runtime.hang_report import main_stack, waiting
-from tests.conftest import REPO
-from tests.e2e.test_requeue_cluster import assert_identical, final_params, hpc, log_text, state, wait_for
+from tests.conftest import REPO, once_per_run
+from tests.e2e.test_requeue_cluster import assert_identical, final_params, hpc, log_text, no_agent, state, wait_for
 
 pytestmark = pytest.mark.e2e
 SCRIPT = REPO / "tests" / "e2e" / "faulty_train.py"
@@ -63,15 +65,28 @@ def first_poll_past_the_limit(hang: dict) -> bool:
     return before is not None and before <= hang["limit_s"] == HANG_TIMEOUT <= hang["quiet_s"]
 
 
+def reference(tmp_path_factory: pytest.TempPathFactory, backend: str) -> Path:
+    """The final parameters of faulty_train.py run uninterrupted: one job per backend for the whole run
+    (torchrun's ranks do the same arithmetic with its agent or without), asked for once the test's own
+    job runs, so the two run side by side."""
+
+    def make(folder: Path) -> None:
+        job = submit(folder, backend, "--no-requeue", *no_agent(backend))
+        wait_for(lambda: finished(job), 300, f"the {backend} reference job")
+        assert state(job) == "COMPLETED", log_text(folder, job)[-3000:]
+        shutil.copy(folder / job / "final.pt", folder / "final.pt")
+
+    return once_per_run(tmp_path_factory, f"faulty-reference-{backend}", make) / "final.pt"
+
+
 @pytest.mark.parametrize(
     "backend, options, how, spares",
     [("torchrun", (), "sleep", 1), ("torchrun", ("-o", "agent=false"), "sleep", 1), ("mpi", (), "stop", 0)],
     ids=["torchrun", "torchrun-without-agent", "mpi"],
 )
 def test_a_hung_rank_is_named_and_the_run_restarts_elsewhere_from_its_checkpoint(
-    slurm_cluster, sandbox_job_root, backend, options, how, spares
+    slurm_cluster, sandbox_job_root, tmp_path_factory, backend, options, how, spares
 ):
-    reference = submit(sandbox_job_root, backend, "--no-requeue", *options)
     job = submit(
         sandbox_job_root,
         backend,
@@ -84,8 +99,8 @@ def test_a_hung_rank_is_named_and_the_run_restarts_elsewhere_from_its_checkpoint
         str(spares),
         script_args=("--hang", f"1:120:{how}", "--step-seconds", "0.02"),
     )
+    uninterrupted = torch.load(reference(tmp_path_factory, backend), weights_only=True)
     wait_for(lambda: finished(job), 420, "the hung job to finish", release=job)
-    wait_for(lambda: finished(reference), 120, "the reference job")
     folder = sandbox_job_root / job
     text = log_text(sandbox_job_root, job)
     assert state(job) == "COMPLETED", text[-3000:]
@@ -118,7 +133,7 @@ def test_a_hung_rank_is_named_and_the_run_restarts_elsewhere_from_its_checkpoint
     else:
         assert "requeueing" in text and f"the next run avoids {hung_host}" in text, text[-3000:]
     assert "run 2: starting at step 1" in text and "starting at step 0\n" not in text.split("run 2:")[-1]
-    assert_identical(final_params(sandbox_job_root, reference), final_params(sandbox_job_root, job))
+    assert_identical(uninterrupted, final_params(sandbox_job_root, job))
 
 
 def test_a_plain_scripts_hung_rank_is_named_by_its_optimizer_steps(slurm_cluster, sandbox_job_root):
@@ -149,9 +164,11 @@ def test_a_sick_node_is_avoided_inside_the_allocation_or_by_the_requeue(slurm_cl
     marker = sandbox_job_root / f"sick-node-{time.time_ns()}"
     # spares alone retry a crashed run (issue 31: without --on-failure requeue the job ended FAILED, spare unused)
     retry = () if spares else ("--on-failure", "requeue")
+    # with a spare, torchrun's ranks start without its agent; without, the agent's failure takes the node down
     job = submit(
         sandbox_job_root,
         "torchrun",
+        *(no_agent("torchrun") if spares else ()),
         *retry,
         "--spare-nodes",
         str(spares),
@@ -182,6 +199,7 @@ def test_a_crash_loop_ends_at_the_first_restart_that_makes_no_progress(slurm_clu
     job = submit(
         sandbox_job_root,
         "torchrun",
+        *no_agent("torchrun"),  # the rule is the subject; the agent's failure path: the restart budget's test
         "--on-failure",
         "requeue",
         "--max-restarts",
@@ -233,7 +251,8 @@ def read_only_on_n2(slurm_cluster, sandbox_job_root):
 @pytest.mark.parametrize("spares", [1, 0])
 def test_a_node_that_fails_its_check_at_start_up_is_never_trained_on(read_only_on_n2, sandbox_job_root, spares):
     # Slurm fills the lowest-numbered idle nodes first: n2 is in the job's first allocation
-    job = submit(sandbox_job_root, "torchrun", "--node-check", "--spare-nodes", str(spares), steps=40)
+    agent = no_agent("torchrun") if spares else ()  # the check runs before any launcher: one of the two with it
+    job = submit(sandbox_job_root, "torchrun", *agent, "--node-check", "--spare-nodes", str(spares), steps=40)
     wait_for(lambda: finished(job), 300, "the job with a bad node to finish", release=job)
     folder = sandbox_job_root / job
     text = log_text(sandbox_job_root, job)

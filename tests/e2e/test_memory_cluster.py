@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO
+from tests.e2e.test_requeue_cluster import no_agent
 from tests.unit.test_memory import BUDGET_MB, SCRIPT
 
 pytestmark = pytest.mark.e2e
@@ -23,10 +24,10 @@ def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hpc_train", *args], capture_output=True, text=True, cwd=REPO, timeout=timeout)
 
 
-def submit(job_root, script, backend: str, micro_batch: str) -> tuple[str, subprocess.CompletedProcess]:
+def submit(job_root, script, backend: str, micro_batch: str, procs: int = 2) -> tuple[str, subprocess.CompletedProcess]:
     out = cli(
-        "submit", "--site", "sandbox", "--job-root", str(job_root), "--backend", backend,
-        "--nodes", "2", "--procs-per-node", "2", "--micro-batch", micro_batch,
+        "submit", "--site", "sandbox", "--job-root", str(job_root), "--backend", backend, *no_agent(backend),
+        "--nodes", "2", "--procs-per-node", str(procs), "--micro-batch", micro_batch,
         "-e", f"TEST_MEMORY_BUDGET_MB={BUDGET_MB}", "-e", "MALLOC_ARENA_MAX=2", "-e", "OMP_NUM_THREADS=1",
         "--wait", str(script),
     )  # fmt: skip
@@ -63,7 +64,7 @@ def test_an_oom_step_is_redone_with_half_on_every_rank_of_two_nodes(slurm_cluste
 def test_auto_under_mpi_chooses_and_trains(slurm_cluster, sandbox_job_root):
     script = sandbox_job_root / "memory_job.py"
     script.write_text(SCRIPT)
-    job_id, _ = submit(sandbox_job_root, script, "mpi", "auto")
+    job_id, _ = submit(sandbox_job_root, script, "mpi", "auto", procs=1)  # one rank a node: the search is each rank's
     lines = job_lines(sandbox_job_root / job_id)
     chosen = next(line for line in lines if line.get("event") == "micro_batch")
     assert chosen["reason"] == "auto" and 1 <= chosen["micro_batch"] < 2048

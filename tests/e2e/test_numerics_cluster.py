@@ -13,7 +13,7 @@ import torch
 
 from hpc_train import contract
 from tests.conftest import REPO
-from tests.e2e.test_requeue_cluster import hpc, log_text, state
+from tests.e2e.test_requeue_cluster import hpc, log_text, no_agent, state
 
 pytestmark = pytest.mark.e2e
 SCRIPT = REPO / "tests" / "e2e" / "nan_train.py"
@@ -29,6 +29,7 @@ def submit(job_root: Path, backend: str, *extra: str, script_args: tuple[str, ..
         str(job_root),
         "--backend",
         backend,
+        *no_agent(backend),  # the numerics are the subject, not torchrun's agent
         "--nodes",
         "2",
         "--procs-per-node",

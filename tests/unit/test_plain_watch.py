@@ -168,11 +168,11 @@ NEVER_STEPPED = textwrap.dedent("""
 
 
 # before any process group: rank 1 never joins the rendezvous rank 0 waits in ("hang": it sleeps), or
-# joins it after preparing its data, working, for 30 s ("prepare"): long enough that the watchdog's second
-# look (its 4 s allowance, then two looks 5 s apart, each waiting up to 5 s for answers, later on a loaded
-# machine) still finds rank 1 working; with 14 s it had once joined and ended, and did not answer. It works
-# a quarter of the time (~1.4 s of CPU per look where the watchdog's idle bound is 0.25 s), on one line so
-# both looks see the same stack
+# joins it after preparing its data, working, for 18 s ("prepare"): long enough that the watchdog's second
+# look (its 4 s allowance, then two looks RECHECK_S = 2 s apart here, each waiting up to 5 s for answers,
+# later on a loaded machine) still finds rank 1 working (with 5 s between the looks, 14 s had once been too
+# short). It works a quarter of the time (~0.5 s of CPU between the looks where the watchdog's idle bound is
+# 0.25 s x 2/5), on one line so both looks see the same stack
 BEFORE_GROUP = textwrap.dedent("""
     import os, sys, time
     import torch, torch.distributed as dist
@@ -180,7 +180,7 @@ BEFORE_GROUP = textwrap.dedent("""
     if os.environ["RANK"] == "1":
         if how == "hang":
             time.sleep(1000)
-        end = time.time() + 30
+        end = time.time() + 18
         while time.time() < end: sum(range(300000)); time.sleep(0.01)
     dist.init_process_group("gloo")
     dist.barrier()
@@ -196,6 +196,8 @@ def watch_in_process(tmp_path: Path, how: str, monkeypatch, source: str = NEVER_
     monkeypatch.delenv("HPC_TRAIN_HANG_TIMEOUT", raising=False)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.setattr(watchdog, "PLAIN_START_S", 4.0)  # 30 min in a job
+    monkeypatch.setattr(watchdog, "RECHECK_S", 2.0)  # 5 s in a job: the two looks' rule, not its pace, is checked
+    monkeypatch.setattr(watchdog, "IDLE_CPU_S", watchdog.IDLE_CPU_S * 2.0 / 5.0)  # the same share of the time
     deadline = threading.Timer(90, lambda: [r.kill() for r in ranks])  # a watch that never ends fails, not hangs
     deadline.start()
     try:
@@ -240,7 +242,7 @@ def test_a_rank_that_works_before_it_joins_the_rendezvous_is_not_a_hang(tmp_path
     ranks = watch_in_process(tmp_path, "prepare", monkeypatch, BEFORE_GROUP)
     err = capfd.readouterr().err
     assert not (tmp_path / "hangs.jsonl").exists(), err
-    assert "but rank 1 works (" in err and "s of CPU in 5 s): not a hang" in err, err
+    assert "but rank 1 works (" in err and "s of CPU in 2 s): not a hang" in err, err
     assert [r.returncode for r in ranks] == [0, 0]  # it joined, and both ran to the end
 
 
