@@ -39,9 +39,11 @@ $(INSTALLED): setup.cfg pyproject.toml | $(PY)
 	touch $@
 
 # the backends' frameworks: DeepSpeed and mpi4py from PyPI (torch pinned), Horovod built against our torch
+# Horovod (built from source on a fresh machine, else its cached wheel) beside DeepSpeed's op (a compile
+# of its own): neither reads what the other writes, and each alone leaves a core idle
 backends: install system-deps
 	$(PIP) install -q deepspeed mpi4py "$(TORCH)"
-	$(MAKE) horovod deepspeed-ops
+	$(MAKE) -j2 horovod deepspeed-ops
 
 # DeepSpeed's CPU all-reduce op, compiled once where the tests and their jobs look for it (tests/conftest.py):
 # .venv/torch_extensions, a link into a per-machine cache keyed by Python, torch and DeepSpeed where

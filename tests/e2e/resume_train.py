@@ -2,6 +2,7 @@
 
     --steps N          train to step N (counted from 0 across resumes)
     --stop-at S        save step S and end there (the run a later job resumes with --resume-from)
+    --save-at S        save step S and go on: the uninterrupted run is also the one a later job resumes
     --batch-size B     ctx.loader's batch_size: per rank in the shape that started the run
     --adam             Adam instead of SGD with momentum (DeepSpeed reshards Adam's ZeRO state alone)
 
@@ -24,6 +25,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--stop-at", type=int, default=0)
+    parser.add_argument("--save-at", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--adam", action="store_true")
     args, _ = parser.parse_known_args()
@@ -57,6 +59,8 @@ def main() -> None:
             with out.open("a") as f:
                 f.write(json.dumps({**row, "per_rank_batch": loader.loader.batch_size}) + "\n")
         ckpt.step(step)
+        if step == args.save_at:
+            ckpt.save(step)
     if args.stop_at:
         ckpt.save(step)
     ckpt.close()

@@ -199,7 +199,7 @@ def test_a_crash_loop_ends_at_the_first_restart_that_makes_no_progress(slurm_clu
     job = submit(
         sandbox_job_root,
         "torchrun",
-        *no_agent("torchrun"),  # the rule is the subject; the agent's failure path: the restart budget's test
+        *no_agent("torchrun"),  # the rule is the subject; the agent's failure path: the sick node's test without spares
         "--on-failure",
         "requeue",
         "--max-restarts",

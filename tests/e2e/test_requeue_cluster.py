@@ -53,8 +53,8 @@ def submit(job_root: Path, backend: str, *extra: str, script_args: tuple[str, ..
 def no_agent(backend: str) -> tuple[str, ...]:
     """torchrun's ranks started by srun itself, for a job whose subject is not torchrun's agent: the agent's
     ``import torch`` cost each node of each run ~2 s of CPU (the agent's own part in requeues and failures is
-    checked where it is the subject: the time-limit interruptions, the crossing requeues, the restart budget,
-    a hung rank, a sick node without spares, torchrun's own tests)."""
+    checked where it is the subject: the time-limit interruptions, the crossing requeues, a hung rank, a sick
+    node and a node failing its check without spares, torchrun's own tests)."""
     return ("-o", "agent=false") if backend == "torchrun" else ()
 
 
@@ -247,6 +247,7 @@ def test_restart_budget_stops_a_job_that_always_fails(slurm_cluster, sandbox_job
         "sandbox",
         "--job-root",
         str(sandbox_job_root),
+        *no_agent("torchrun"),  # the budget is the subject; torchrun's agent failing: the sick node's test
         "--on-failure",
         "requeue",
         "--max-restarts",

@@ -1,4 +1,4 @@
-"""--resume-from on the sandbox: 2 nodes x 2 processes to step S, continued as 2 x 1 and as 1 x 2, under torchrun
+"""--resume-from on the sandbox: 2 nodes x 2 processes save step S, continued as 2 x 1 and as 1 x 2, under torchrun
 and under DeepSpeed ZeRO-2 (a universal checkpoint); every later step's loss matches the uninterrupted 2 x 2
 run's, with the same samples in the same order."""
 
@@ -39,22 +39,23 @@ def steps(job_root: Path, job_id: str) -> dict[int, dict]:
     return {row["step"]: row for row in rows}
 
 
-def stopped_2x2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """(job root, job id) of the 2 x 2 torchrun run stopped at STOP that the tests resume, or refuse to
-    resume, in other shapes: one sandbox job for the whole run, whichever test asks first. A test names it
-    by its folder: each test has a job index of its own, and the job is in the first asker's."""
+def saved_2x2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """(job root, job id) of the uninterrupted 2 x 2 torchrun run, which saved step STOP on its way: the
+    steps the resumed runs must match, and the checkpoint they resume from, or refuse to, in other shapes.
+    One sandbox job for the whole run, whichever test asks first; a test names it by its folder (each test
+    has a job index of its own, and the job is in the first asker's)."""
     folder = once_per_run(
         tmp_path_factory,
-        "resume-2x2-stopped",
-        lambda root: (root / "job").write_text(run(root, 2, 2, script_args=("--stop-at", str(STOP)))),
+        "resume-2x2-saved",
+        lambda root: (root / "job").write_text(run(root, 2, 2, script_args=("--save-at", str(STOP)))),
     )
     return folder, (folder / "job").read_text()
 
 
 def test_a_2x2_run_resumed_as_2x1_and_1x2_matches_the_uninterrupted_run(slurm_cluster, sandbox_job_root, tmp_path_factory):
-    straight = steps(sandbox_job_root, run(sandbox_job_root, 2, 2))
-    first_root, first = stopped_2x2(tmp_path_factory)
-    assert sorted(steps(first_root, first)) == list(range(1, STOP + 1))
+    first_root, first = saved_2x2(tmp_path_factory)
+    straight = steps(first_root, first)
+    assert sorted(straight) == list(range(1, STEPS + 1))
     for nodes, procs in ((2, 1), (1, 2)):
         resumed = steps(sandbox_job_root, run(sandbox_job_root, nodes, procs, "--resume-from", str(first_root / first)))
         assert sorted(resumed) == list(range(STOP + 1, STEPS + 1)), (nodes, procs)
@@ -67,8 +68,9 @@ def test_a_2x2_run_resumed_as_2x1_and_1x2_matches_the_uninterrupted_run(slurm_cl
 
 def test_deepspeed_zero_state_of_2x2_resumed_as_2x1_and_1x2_matches_the_uninterrupted_run(slurm_cluster, sandbox_job_root):
     adam = ("--adam",)  # the optimizer state DeepSpeed's universal checkpoint converts
-    straight = steps(sandbox_job_root, run(sandbox_job_root, 2, 2, script_args=adam, backend="deepspeed"))
-    first = run(sandbox_job_root, 2, 2, script_args=(*adam, "--stop-at", str(STOP)), backend="deepspeed")
+    # the uninterrupted run saves step STOP on its way: the steps to match and the checkpoint to resume from
+    first = run(sandbox_job_root, 2, 2, script_args=(*adam, "--save-at", str(STOP)), backend="deepspeed")
+    straight = steps(sandbox_job_root, first)
     for nodes, procs in ((2, 1), (1, 2)):
         job = run(sandbox_job_root, nodes, procs, "--resume-from", first, script_args=adam, backend="deepspeed")
         resumed = steps(sandbox_job_root, job)
@@ -84,7 +86,7 @@ def test_deepspeed_zero_state_of_2x2_resumed_as_2x1_and_1x2_matches_the_uninterr
 def test_a_shape_the_checkpoint_cannot_continue_in_is_refused_before_submission(
     slurm_cluster, sandbox_job_root, tmp_path_factory
 ):
-    first_root, first = stopped_2x2(tmp_path_factory)
+    first_root, first = saved_2x2(tmp_path_factory)
     out = hpc(
         "submit", "--site", "sandbox", "--job-root", str(sandbox_job_root), "--nodes", "1", "--procs-per-node", "3",
         "--resume-from", str(first_root / first), str(SCRIPT),
