@@ -42,9 +42,9 @@ from typing import Any
 
 import torch
 
-from hpc_train.runtime.base import BackendRuntime
 from hpc_train.runtime.context import Context
-from hpc_train.runtime.environment import detect
+from hpc_train.runtime.engine.backend import BackendRuntime
+from hpc_train.runtime.launch.environment import detect
 from hpc_train.runtime.options import RuntimeOptions
 
 TARGET = 0.10
@@ -159,7 +159,7 @@ def disk_time(megabytes: float, root: Path) -> float:
 
 def sharded_worker(megabytes: int, repeats: int, root: Path) -> None:
     """One rank of the sharded benchmark (started by torchrun); rank 0 prints."""
-    from hpc_train.runtime.checkpoint import Checkpointer
+    from hpc_train.runtime.checkpoint.manager import Checkpointer
     from hpc_train.runtime.context import init
 
     ctx = init("torchrun", metrics=False)
@@ -200,7 +200,7 @@ def interleaved(ctx: Any, ckpts: dict[str, Any], repeats: int) -> dict[str, list
 
 def deepspeed_worker(megabytes: int, repeats: int, root: Path) -> None:
     """One rank of the DeepSpeed benchmark (ZeRO-2, Adam): the engine's own save, sync and async, interleaved."""
-    from hpc_train.runtime.checkpoint import COMMIT, Checkpointer
+    from hpc_train.runtime.checkpoint.manager import COMMIT, Checkpointer
     from hpc_train.runtime.context import init
 
     ctx = init("deepspeed", metrics=False)
@@ -228,7 +228,7 @@ def local_worker(megabytes: int, repeats: int, root: Path) -> None:
     """One rank of the node-local tier's benchmark (2 torchrun "nodes", each with its own local folder):
     saves with and without the tier, interleaved; then restores from the nodes' copies and from shared."""
     from hpc_train import contract
-    from hpc_train.runtime.checkpoint import Checkpointer
+    from hpc_train.runtime.checkpoint.manager import Checkpointer
     from hpc_train.runtime.context import init
 
     ctx = init("torchrun", metrics=False)

@@ -85,7 +85,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     import hpc_train.runtime as rt
-    from hpc_train.runtime.metrics import MetricsRecorder
+    from hpc_train.runtime.observe.metrics import MetricsRecorder
 
     ctx = rt.init(backend="torchrun", metrics=False)
     torch.manual_seed(ctx.rank)

@@ -1,4 +1,4 @@
-"""Per-step cost of the numerics check (hpc_train.runtime.numerics) against the same loop without it.
+"""Per-step cost of the numerics check (hpc_train.runtime.step.numerics) against the same loop without it.
 
 Two processes (torchrun, gloo, the torchrun backend: DDP), both loops in the same processes and the
 same Context, interleaved in blocks (bench/_interleave.py). "without" switches the check off (no loss

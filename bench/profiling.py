@@ -51,7 +51,7 @@ def worker(args: argparse.Namespace) -> None:
 
     import hpc_train.runtime as rt
     from hpc_train.config.profile_spec import parse
-    from hpc_train.runtime.profiling import Profiler
+    from hpc_train.runtime.observe.profiling import Profiler
 
     ctx = rt.init(backend="torchrun", metrics=False)
     torch.manual_seed(ctx.rank)

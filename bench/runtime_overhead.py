@@ -1,7 +1,7 @@
 """Per-step cost of hpc_train.runtime against the same loop written by hand with raw DDP.
 
 Two processes (torchrun, gloo), both loops in the same processes, interleaved in blocks (bench/_interleave.py).
-The runtime's loop has what every job gets switched on: the numerics check (hpc_train.runtime.numerics),
+The runtime's loop has what every job gets switched on: the numerics check (hpc_train.runtime.step.numerics),
 ``--profile torch`` waiting for a window far ahead (the profiler's hooks in place, nothing recorded), the
 data-balance counting of ``ctx.loader`` / ``ctx.batches``; metrics recording is off (bench/metrics_overhead.py
 measures it), and peak memory is read once, at the end, never per step. Both loops read their batches

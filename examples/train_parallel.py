@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import hpc_train.runtime as rt
-from hpc_train.runtime.parallel import dp_all_reduce_mean
+from hpc_train.runtime.engine.parallel import dp_all_reduce_mean
 
 VOCAB, DIM, HEADS, SEQ = 32, 32, 4, 8
 

@@ -25,16 +25,16 @@ NO_RETRY = "no_retry"  # HPC_TRAIN_NO_RETRY_FILE: why --on-failure requeue must 
 METRICS = "metrics"  # the metrics folder (steps.jsonl, TensorBoard events, the Prometheus textfile)
 STEPS = "steps.jsonl"  # one JSON line per optimizer step, in METRICS
 RECORD = "hpc_train.json"  # the job's record (hpc_train.jobs.handle.JobRecord)
-HEARTBEATS = "heartbeats"  # rank-N.json: each rank's last step and when (hpc_train.runtime.heartbeat)
+HEARTBEATS = "heartbeats"  # rank-N.json: each rank's last step and when (hpc_train.runtime.lifecycle.heartbeat)
 DUMPS = "dumps"  # run-R/rank-N.txt: every thread's stack, written when the watchdog asks
 HANGS = "hangs.jsonl"  # one line per hang the watchdog declared: who was behind, where, how long
 HANG_RUN = "hang_run"  # the run the watchdog ended (its number): the batch script retries it
 SUSPECT_NODES = "suspect_nodes.jsonl"  # nodes a hang or crash points at, and why; requeues avoid them
 EXCLUDE_NODES = "exclude_nodes"  # the ExcNodeList the failure path sets after it requeues (comma-separated)
 RUN_START_STEP = "run_start_step"  # "RUN STEP": the newest committed checkpoint when the run began
-RETRIES = "retries.jsonl"  # one line per run end that decided a retry: retried or not, why (hpc_train.runtime.retries)
-STRAGGLERS = "stragglers.jsonl"  # one line per rank named slower than the others (hpc_train.runtime.straggler)
-NODE_CHECKS = "node_checks.jsonl"  # one line per node and run: its check at start-up (hpc_train.runtime.node_check)
+RETRIES = "retries.jsonl"  # one line per run end that decided a retry: retried or not, why (hpc_train.runtime.supervise.retries)
+STRAGGLERS = "stragglers.jsonl"  # one line per rank named slower than the others (hpc_train.runtime.observe.straggler)
+NODE_CHECKS = "node_checks.jsonl"  # one line per node and run: its check at start-up (hpc_train.runtime.supervise.node_check)
 PROFILE = "profile"  # run-R/rank-N.*.pt.trace.json (torch.profiler) or run-R/rank-N.nsys-rep: --profile
 
 # RETRIES' "reason" keys, which the batch script and rank 0 write and hpc_train.jobs.retry_decision explains:
@@ -51,7 +51,7 @@ ENV_BACKEND = "HPC_TRAIN_BACKEND"  # the backend's name: the plan exports it, rt
 ENV_NODES = "HPC_TRAIN_NODES"  # nodes a run uses (spares not counted): plan; the watchdog and health read it
 ENV_PROCS_PER_NODE = "HPC_TRAIN_PROCS_PER_NODE"  # processes per node: plan; the watchdog's world size
 ENV_STEP_NODES = "HPC_TRAIN_STEP_NODES"  # with spare nodes: the run's nodes (health nodes), srun's --nodelist
-ENV_PARALLEL = "HPC_TRAIN_PARALLEL"  # the --parallel layout (dp=2,tp=2): plan; hpc_train.runtime.parallel
+ENV_PARALLEL = "HPC_TRAIN_PARALLEL"  # the --parallel layout (dp=2,tp=2): plan; hpc_train.runtime.engine.parallel
 ENV_LAUNCHER = "HPC_TRAIN_LAUNCHER"  # who started the ranks (torchrun, srun, ...): set beside RANK & co. (runtime.environment)
 ENV_LAUNCH_ADDED_ARGS = "HPC_TRAIN_LAUNCH_ADDED_ARGS"  # JSON: the arguments the launch put first (runtime.argv)
 

@@ -1,6 +1,6 @@
 """``scontrol show job|node|partition`` output as dictionaries, for both sides.
 
-The login side (hpc_train.jobs.handle) and the job side (hpc_train.runtime.preemption, .health, on the
+The login side (hpc_train.jobs.handle) and the job side (hpc_train.runtime.lifecycle.preemption, .health, on the
 batch node between runs) read the same format, so it lives here beside hpc_train.contract: the
 standard library only, no torch, no submitit, and nothing of the runtime's package is imported.
 

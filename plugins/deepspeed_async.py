@@ -13,7 +13,7 @@ import copy
 import os
 from typing import Any
 
-from hpc_train.runtime import shard_save
+from hpc_train.runtime.checkpoint import shares as shard_save
 
 
 class DeferredWrites:

@@ -14,7 +14,7 @@ from typing import Any
 from hpc_train_plugins import deepspeed_async, deepspeed_reshard
 
 from hpc_train.contract import ENV_CHECKPOINT_DIR, ENV_PARALLEL
-from hpc_train.runtime.base import BackendRuntime
+from hpc_train.runtime.engine.backend import BackendRuntime
 from hpc_train.runtime.log import log
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hpc_train.runtime.base import BackendRuntime
-from hpc_train.runtime.environment import DistEnv
+from hpc_train.runtime.engine.backend import BackendRuntime
+from hpc_train.runtime.launch.environment import DistEnv
 
 
 class MpiRuntime(BackendRuntime):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hpc_train.runtime.base import BackendRuntime, average_in_place
+from hpc_train.runtime.engine.backend import BackendRuntime, average_in_place
 
 
 class TorchrunRuntime(BackendRuntime):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_train.runtime.environment import DistEnv
+from hpc_train.runtime.launch.environment import DistEnv
 
 REPO = Path(__file__).resolve().parent.parent
 # the sandbox's fixtures (slurm_cluster, sandbox_job_root) and its hooks (one cluster for every xdist worker)

@@ -196,7 +196,7 @@ OPTIONS: dict[str, Entry] = {
     ),
     "--node-check": Entry(
         ["--node-check"],
-        text_has("-m hpc_train.runtime.node_check"),
+        text_has("-m hpc_train.runtime.supervise.node_check"),
         "the check before each run",
         on_local("a Slurm site with requeue on"),
     ),

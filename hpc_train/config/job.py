@@ -232,7 +232,7 @@ class JobSpec(Model):
         negatable=False,
         env=contract.ENV_ACTIVATION_CHECKPOINTING,
     )
-    # bad numerics (hpc_train.runtime.numerics): a non-finite loss or gradient always skips the step
+    # bad numerics (hpc_train.runtime.step.numerics): a non-finite loss or gradient always skips the step
     max_bad_steps: Annotated[int, Ge(0)] | None = setting(
         None,
         "optimizer steps in a row with a non-finite loss or gradient before --on-divergence acts (0: never; default 5)",

@@ -176,7 +176,7 @@ def parse_nvlink(text: str) -> dict[int, dict[int, float | None]]:
 
 
 @dataclass
-class Context:
+class NodeFacts:
     """What the checks need to know about the site and this node."""
 
     site: Any = None  # SiteConfig, or None without a site
@@ -192,7 +192,7 @@ def _is_off(value: str | None) -> bool:
     return value is None or value.strip().lower() in ("", "0", "false", "no")
 
 
-def check_gpus(ctx: Context, run: Runner) -> list[Check]:
+def check_gpus(ctx: NodeFacts, run: Runner) -> list[Check]:
     code, header = run(["nvidia-smi"])
     if code is None:
         if ctx.in_job and ctx.expected_gpus:
@@ -431,7 +431,7 @@ def _read(path: Path) -> str:
         return ""
 
 
-def check_infiniband(ctx: Context, sys_root: Path) -> Check:
+def check_infiniband(ctx: NodeFacts, sys_root: Path) -> Check:
     env = ctx.env
     wants_ib = bool(env.get("NCCL_IB_HCA")) and _is_off(env.get("NCCL_IB_DISABLE"))
     root = sys_root / "class" / "infiniband"
@@ -491,7 +491,7 @@ def check_infiniband(ctx: Context, sys_root: Path) -> Check:
     return Check("infiniband", OK, summary + (f", {len(usable)} match NCCL_IB_HCA={spec}" if spec else ""), None, details)
 
 
-def check_interfaces(ctx: Context, sys_root: Path) -> list[Check]:
+def check_interfaces(ctx: NodeFacts, sys_root: Path) -> list[Check]:
     root = sys_root / "class" / "net"
     interfaces = {p.name: _read(p / "operstate") for p in sorted(root.iterdir())} if root.is_dir() else {}
     checks = []
@@ -519,7 +519,7 @@ def check_interfaces(ctx: Context, sys_root: Path) -> list[Check]:
     return checks
 
 
-def check_slurm(ctx: Context, run: Runner) -> Check:
+def check_slurm(ctx: NodeFacts, run: Runner) -> Check:
     site = ctx.site
     if site is None or site.scheduler == "local":
         return Check("slurm", OK, "local site: no Slurm needed")
@@ -600,7 +600,7 @@ def check_packages(backends: Mapping[str, Any], installed: Callable[[str], str |
     return Check("python packages", OK, summary)
 
 
-def check_nsys(ctx: Context, run: Runner) -> Check:
+def check_nsys(ctx: NodeFacts, run: Runner) -> Check:
     """Nsight Systems for ``--profile nsys``: the site's ``tools.nsys`` (default: nsys on PATH)."""
     tools = getattr(ctx.site, "tools", None)
     nsys = tools.nsys if tools is not None else "nsys"
@@ -628,7 +628,7 @@ def check_nsys(ctx: Context, run: Runner) -> Check:
     )
 
 
-def check_site_config(ctx: Context) -> Check:
+def check_site_config(ctx: NodeFacts) -> Check:
     if ctx.site is None:
         return Check("site config", OK, "no site given")
     n = len(ctx.site.nccl_profiles)
@@ -641,7 +641,7 @@ def check_site_config(ctx: Context) -> Check:
 
 
 def diagnose(
-    ctx: Context,
+    ctx: NodeFacts,
     run: Runner = run_command,
     sys_root: Path = Path("/sys"),
     backends: Mapping[str, Any] | None = None,
@@ -667,13 +667,13 @@ def diagnose(
     return Report(host or socket.gethostname(), context, checks)
 
 
-def context_for(resolved: Any, partition: str | None, profile: str | None, environ: Mapping[str, str]) -> Context:
+def context_for(resolved: Any, partition: str | None, profile: str | None, environ: Mapping[str, str]) -> NodeFacts:
     """The fabric variables a job on ``partition`` would get (site < partition < profile), as plan.py sets them."""
     from hpc_train.fabric import nccl
 
     in_job = "SLURM_JOB_ID" in environ and "SLURM_NODELIST" in environ
     if resolved is None:
-        return Context(in_job=in_job)
+        return NodeFacts(in_job=in_job)
     site = resolved.config
     name = partition or (environ.get("SLURM_JOB_PARTITION") if in_job else None)
     part_name, part = site.partition(name)
@@ -689,7 +689,7 @@ def context_for(resolved: Any, partition: str | None, profile: str | None, envir
         )
     ]
     warnings += [f"nccl_profile: {m}" for m, _ in selection.problems]
-    return Context(
+    return NodeFacts(
         site=site,
         partition=part_name,
         profile=selection.label,

@@ -55,7 +55,7 @@ def last_metrics(handle: JobHandle, tail_bytes: int = 8192) -> dict[str, Any]:
 
 
 def stragglers(handle: JobHandle, limit_bytes: int = 65536) -> list[dict[str, Any]]:
-    """The ranks named slower than the others (one line each, hpc_train.runtime.straggler), or []."""
+    """The ranks named slower than the others (one line each, hpc_train.runtime.observe.straggler), or []."""
     path = handle.folder / contract.METRICS / contract.STRAGGLERS
     try:
         with path.open("rb") as f:

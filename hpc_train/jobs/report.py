@@ -1,7 +1,7 @@
 """A finished (or running) job's metrics, read on the login node: a summary and PNG plots.
 
-Reads ``<job folder>/metrics/steps.jsonl`` (written by hpc_train.runtime.metrics), with its per-rank
-``"event": "ranks"`` windows, and ``stragglers.jsonl`` beside it (hpc_train.runtime.straggler). Steps a
+Reads ``<job folder>/metrics/steps.jsonl`` (written by hpc_train.runtime.observe.metrics), with its per-rank
+``"event": "ranks"`` windows, and ``stragglers.jsonl`` beside it (hpc_train.runtime.observe.straggler). Steps a
 requeued run redid after restoring its checkpoint are taken from the newest run. Never imports torch;
 matplotlib is imported only to plot.
 """
@@ -20,7 +20,7 @@ from hpc_train.errors import UsageError
 from hpc_train.jobs import goodput, traces
 
 JSONL = contract.STEPS
-NUMERICS_EVENTS = ("bad_step", "rollback")  # hpc_train.runtime.numerics's lines in steps.jsonl
+NUMERICS_EVENTS = ("bad_step", "rollback")  # hpc_train.runtime.step.numerics's lines in steps.jsonl
 
 
 @dataclass

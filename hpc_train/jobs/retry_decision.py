@@ -1,7 +1,7 @@
 """What happened to a job's runs, where the user looks: why it was not retried, or how often it was and from where.
 
 The decisions are made on the compute side, by the batch script and rank 0, and recorded in the job
-folder's ``retries.jsonl`` (hpc_train.runtime.retries); before that record, only rank 0's stderr log
+folder's ``retries.jsonl`` (hpc_train.runtime.supervise.retries); before that record, only rank 0's stderr log
 said why a crash loop stopped after 2 runs of a budget of 10. ``status`` (text and ``--json``), the end
 of ``submit --wait`` and ``JobHandle.why`` all read it here. A job with requeue off writes no record: the
 login side knows that from the job's own record. Torch-free, like all of the login side.

@@ -104,7 +104,7 @@ class Backend:
 
     What a backend can do is declared in the class attributes below, and hpc_train reads nothing else:
     the core never looks a backend up by its name. The job-side half is the ``runtime`` class, whose own
-    declarations are on :class:`hpc_train.runtime.base.BackendRuntime`.
+    declarations are on :class:`hpc_train.runtime.engine.backend.BackendRuntime`.
     """
 
     name: ClassVar[str]
@@ -112,14 +112,14 @@ class Backend:
     #: typed options (``--option key=value``, ``backend_options=``, site ``backends.<name>``); unknown keys
     #: rejected. A config dataclass (hpc_train.config.fields), or a pydantic model.
     Options: ClassVar[type] = NoOptions
-    #: "module:Class" of the job-side half, a subclass of hpc_train.runtime.base.BackendRuntime, imported only
+    #: "module:Class" of the job-side half, a subclass of hpc_train.runtime.engine.backend.BackendRuntime, imported only
     #: in the job. The default suits a backend that changes only how processes start: torch.distributed from
     #: the environment, gradients averaged in one all-reduce per optimizer step (no DDP: that is torchrun's).
-    runtime: ClassVar[str] = "hpc_train.runtime.base:AllReduceRuntime"
+    runtime: ClassVar[str] = "hpc_train.runtime.engine.backend:AllReduceRuntime"
     #: whether --comm-hook applies: the runtime registers DDP communication hooks (the default runtime does not)
     supports_comm_hook: ClassVar[bool] = False
     #: why the runtime cannot split batches and change the accumulation as it runs (--micro-batch is then
-    #: refused at submit with this reason); None: it can (hpc_train.runtime.memory)
+    #: refused at submit with this reason); None: it can (hpc_train.runtime.step.memory)
     fixed_micro_batch: ClassVar[str | None] = None
     #: the --parallel axes ("dp", "tp", "pp") the runtime builds a device mesh for; () takes no layout
     parallel_axes: ClassVar[tuple[str, ...]] = ()
@@ -160,10 +160,10 @@ class Backend:
 
 
 def launch_shim(info: LaunchInfo, *flags: str, args: list[Word] | None = None) -> list[Word]:
-    """argv that runs the script through ``hpc_train.runtime.launch``, which maps the launcher's
+    """argv that runs the script through ``hpc_train.runtime.launch.worker``, which maps the launcher's
     variables (SLURM_*, OMPI_*) to RANK/LOCAL_RANK/WORLD_SIZE/MASTER_* and then becomes the script."""
     script_args = list(info.script_args) if args is None else args
-    return [info.python, "-m", "hpc_train.runtime.launch", *flags, "--", info.script, *script_args]
+    return [info.python, "-m", "hpc_train.runtime.launch.worker", *flags, "--", info.script, *script_args]
 
 
 def survive_stop_signal(info: LaunchInfo, argv: list[Word]) -> list[Word]:
@@ -174,4 +174,4 @@ def survive_stop_signal(info: LaunchInfo, argv: list[Word]) -> list[Word]:
     if not info.stop_signal or info.stop_signal.upper().removeprefix("SIG") in ("TERM", "INT", "KILL"):
         return argv
     python, *rest = argv
-    return [python, "-m", "hpc_train.runtime.signal_guard", f"--ignore={info.stop_signal}", "--", *rest]
+    return [python, "-m", "hpc_train.runtime.launch.signal_guard", f"--ignore={info.stop_signal}", "--", *rest]

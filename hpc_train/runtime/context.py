@@ -11,18 +11,18 @@ from collections.abc import Iterator
 from typing import Any, NoReturn
 
 from hpc_train import contract
-from hpc_train.runtime import resume
-from hpc_train.runtime.base import BackendRuntime, apply_activation_checkpointing
-from hpc_train.runtime.checkpoint import Checkpointer
+from hpc_train.runtime.checkpoint import reshape
+from hpc_train.runtime.checkpoint.manager import Checkpointer
 from hpc_train.runtime.data import DistributedLoader, batches
-from hpc_train.runtime.environment import DistEnv, detect
-from hpc_train.runtime.heartbeat import Heartbeat
-from hpc_train.runtime.memory import MicroBatcher, rank_peaks
-from hpc_train.runtime.metrics import recorder_for
-from hpc_train.runtime.numerics import NumericsGuard
+from hpc_train.runtime.engine.backend import BackendRuntime, apply_activation_checkpointing
+from hpc_train.runtime.engine.parallel import ParallelState, with_layout
+from hpc_train.runtime.launch.environment import DistEnv, detect
+from hpc_train.runtime.lifecycle.heartbeat import Heartbeat
+from hpc_train.runtime.observe.metrics import recorder_for
+from hpc_train.runtime.observe.profiling import profiler_for
 from hpc_train.runtime.options import RuntimeOptions
-from hpc_train.runtime.parallel import ParallelState, with_layout
-from hpc_train.runtime.profiling import profiler_for
+from hpc_train.runtime.step.memory import MicroBatcher, rank_peaks
+from hpc_train.runtime.step.numerics import NumericsGuard
 
 
 class Context:
@@ -33,19 +33,19 @@ class Context:
         self.backend = backend
         self.runtime = runtime
         self.options = runtime.options
-        # per-step metrics (hpc_train.runtime.metrics); None when off (HPC_TRAIN_METRICS=0)
+        # per-step metrics (hpc_train.runtime.observe.metrics); None when off (HPC_TRAIN_METRICS=0)
         self.metrics = runtime.metrics = recorder_for(backend, runtime, default=metrics)
         self._checkpointers: list[Checkpointer] = []  # closed by shutdown(): their threads end with the job
         # ctx.loader's loaders, in order: checkpoints record their global batch, a resume keeps it (runtime.resume)
         self.loaders: list[DistributedLoader] = []
         self.restored_shape: dict[str, Any] | None = None  # the shape of the checkpoint restore() loaded
-        # non-finite losses and gradients skip the step on every rank (hpc_train.runtime.numerics)
+        # non-finite losses and gradients skip the step on every rank (hpc_train.runtime.step.numerics)
         self.numerics = runtime.numerics = NumericsGuard.for_runtime(runtime)
         # progress for the job's watchdog (hang detection); None unless the batch script runs one
         self.heartbeat = Heartbeat.from_env(env.rank)
-        # --micro-batch: loader batches split and accumulated, halved after an OOM (hpc_train.runtime.memory)
+        # --micro-batch: loader batches split and accumulated, halved after an OOM (hpc_train.runtime.step.memory)
         self.memory = MicroBatcher.for_runtime(runtime, self.metrics)
-        # --profile on this rank: torch.profiler or nsys over chosen steps (hpc_train.runtime.profiling); else None
+        # --profile on this rank: torch.profiler or nsys over chosen steps (hpc_train.runtime.observe.profiling); else None
         self.profiler = profiler_for(runtime)
         self._shut_down = False
 
@@ -106,7 +106,7 @@ class Context:
         )
         if self.memory is not None:
             loader.split = self.memory.split  # each batch in micro-batches; batch_size stays the step's
-        resume.follow_loader(self, loader)  # made after a restore of another shape: its global batch is kept
+        reshape.follow_loader(self, loader)  # made after a restore of another shape: its global batch is kept
         return loader
 
     def batches(self, loader: DistributedLoader, start: int = 0, total: int | None = None) -> Iterator[Any]:
@@ -178,7 +178,7 @@ class Context:
     def unwrap(self, model: Any) -> Any:
         return self.runtime.unwrap(model)
 
-    # -- tensor / pipeline parallel (--parallel dp=2,tp=2,pp=1; hpc_train.runtime.parallel) ---------
+    # -- tensor / pipeline parallel (--parallel dp=2,tp=2,pp=1; hpc_train.runtime.engine.parallel) ---------
     @property
     def parallel(self) -> ParallelState | None:
         """Mesh coordinates and groups: ``dp_rank``, ``dp_group``, ``tp_group``, ``stage``, ...; None without a layout."""
@@ -191,13 +191,13 @@ class Context:
 
     def tensor_parallel(self, module: Any, plan: dict[str, Any]) -> Any:
         """Shard submodules over the tp group: ``{"fc1": "colwise", "fc2": "rowwise"}`` (or ParallelStyles)."""
-        from hpc_train.runtime.parallel import tensor_parallel
+        from hpc_train.runtime.engine.parallel import tensor_parallel
 
         return tensor_parallel(self, module, plan)
 
     def pipeline(self, layers: Any, loss_fn: Any, *, microbatches: int, schedule: str = "gpipe") -> Any:
         """This rank's stage of ``layers`` with a "gpipe" or "1f1b" schedule; ``pipe.step(x, y)`` then ``ctx.step()``."""
-        from hpc_train.runtime.parallel import pipeline
+        from hpc_train.runtime.engine.parallel import pipeline
 
         return pipeline(self, layers, loss_fn, microbatches=microbatches, schedule=schedule)
 
@@ -286,7 +286,7 @@ def runtime_class(backend: str) -> type[BackendRuntime]:
     cls = getattr(importlib.import_module(module), name, None)
     if not (isinstance(cls, type) and issubclass(cls, BackendRuntime)):
         raise TypeError(
-            f"backend {backend!r} names the runtime {path!r}, which is not a hpc_train.runtime.base.BackendRuntime subclass"
+            f"backend {backend!r} names the runtime {path!r}, which is not a hpc_train.runtime.engine.backend.BackendRuntime subclass"
         )
     return cls
 
@@ -310,7 +310,7 @@ def init(backend: str | None = None, **defaults: Any) -> Context:
     return ctx
 
 
-# the job's checkpoint options, which only a checkpointer reads (hpc_train.runtime.checkpoint)
+# the job's checkpoint options, which only a checkpointer reads (hpc_train.runtime.checkpoint.manager)
 CHECKPOINT_OPTIONS = {
     contract.ENV_CHECKPOINT_EVERY: "--checkpoint-every",
     contract.ENV_KEEP_CHECKPOINTS: "--keep-checkpoints",

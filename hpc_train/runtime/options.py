@@ -29,14 +29,14 @@ class RuntimeOptions:
     precision: str = "fp32"
     grad_clip: float | None = None
     grad_accum: int = 1
-    micro_batch: str | None = None  # "auto" or a size: hpc_train.runtime.memory
+    micro_batch: str | None = None  # "auto" or a size: hpc_train.runtime.step.memory
     comm_hook: str = "none"
     activation_checkpointing: bool = False
     exact_resume: bool = True
-    profile: str | None = None  # --profile: hpc_train.runtime.profiling (checked there)
-    max_bad_steps: int = 5  # hpc_train.runtime.numerics
+    profile: str | None = None  # --profile: hpc_train.runtime.observe.profiling (checked there)
+    max_bad_steps: int = 5  # hpc_train.runtime.step.numerics
     on_divergence: str = "stop"
-    resume_from: str | None = None  # --resume-from: another job's checkpoint folder (hpc_train.runtime.resume)
+    resume_from: str | None = None  # --resume-from: another job's checkpoint folder (hpc_train.runtime.checkpoint.reshape)
     backend_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -50,7 +50,7 @@ class RuntimeOptions:
         if self.grad_accum < 1:
             raise ValueError(f"grad_accum must be at least 1, got {self.grad_accum}")
         if self.micro_batch is not None:
-            from hpc_train.runtime.memory import parse
+            from hpc_train.runtime.step.memory import parse
 
             parse(self.micro_batch)  # "auto" or a size of at least 1
         if self.max_bad_steps < 0:

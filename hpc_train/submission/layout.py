@@ -2,7 +2,7 @@
 
 The job's processes form a mesh with the axes ordered ``pp, dp, tp``: tensor parallel is innermost,
 so a tensor-parallel group is consecutive ranks, which torchrun and srun place on one node. The
-runtime (``hpc_train.runtime.parallel``) builds the same mesh from ``HPC_TRAIN_PARALLEL``.
+runtime (``hpc_train.runtime.engine.parallel``) builds the same mesh from ``HPC_TRAIN_PARALLEL``.
 """
 
 from __future__ import annotations

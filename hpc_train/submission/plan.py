@@ -79,8 +79,8 @@ class JobPlan:
     extra: dict[str, Any] = field(default_factory=dict)
     warnings: list[Problem] = field(default_factory=list)  # worth saying, not worth stopping for (render prints them)
     sweep: Any = None  # hpc_train.sweeps.arrays.ArrayPart: this script is one array of a sweep (its tasks, their overrides)
-    watchdog: bool = False  # the batch script runs hpc_train.runtime.watchdog next to the step (hangs)
-    node_check: bool = False  # each node runs hpc_train.runtime.node_check before a run trains on it
+    watchdog: bool = False  # the batch script runs hpc_train.runtime.supervise.watchdog next to the step (hangs)
+    node_check: bool = False  # each node runs hpc_train.runtime.supervise.node_check before a run trains on it
     spare_nodes: int = 0  # allocated beyond ``nodes``: a failed run restarts on them inside the allocation
     cpus_per_task: int | None = None  # asked of sbatch and, again, of srun (22.05's srun does not inherit it)
     cpu_bind: str | None = None  # srun --cpu-bind (the partition's)
@@ -525,7 +525,7 @@ def _check_slurm_only(job: JobSpec, site: SiteConfig, problems: _Problems) -> No
         )
 
 
-# torch.distributed's flight recorder, read by the hang report (hpc_train.runtime.heartbeat.flight_record): the last
+# torch.distributed's flight recorder, read by the hang report (hpc_train.runtime.lifecycle.heartbeat.flight_record): the last
 # 2,000 collectives per process group, under both names torch has used (TORCH_FR_ since 2.6)
 FLIGHT_RECORDER_ENV = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}
 

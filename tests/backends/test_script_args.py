@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import hpc_train
-from hpc_train.runtime.argv import ENV_VAR, mark, remove_added
+from hpc_train.runtime.launch.argv import ENV_VAR, mark, remove_added
 from tests.conftest import REPO
 
 # reads its arguments by position, as many scripts do, and trains two steps under DeepSpeed

@@ -19,7 +19,7 @@ def _train(runtime_cls: type, rank: int) -> list[float]:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from hpc_train.runtime.context import Context
-    from hpc_train.runtime.environment import detect
+    from hpc_train.runtime.launch.environment import detect
     from hpc_train.runtime.options import RuntimeOptions
 
     env = detect()
@@ -42,7 +42,7 @@ def _worker(rank: int, port: int, folder: str) -> None:
     torch.set_num_threads(1)
     from hpc_train_plugins.torchrun_runtime import TorchrunRuntime
 
-    from hpc_train.runtime.base import AllReduceRuntime
+    from hpc_train.runtime.engine.backend import AllReduceRuntime
 
     os.environ.update(
         RANK=str(rank),

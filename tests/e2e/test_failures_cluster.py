@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpc_train.runtime.hang_report import main_stack, waiting
+from hpc_train.runtime.supervise.hang_report import main_stack, waiting
 from tests.conftest import REPO, once_per_run
 from tests.e2e.test_requeue_cluster import assert_identical, final_params, hpc, log_text, no_agent, state, wait_for
 

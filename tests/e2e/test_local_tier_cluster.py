@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_train.runtime.peer_copy import HELD
+from hpc_train.runtime.checkpoint.local.peer_copy import HELD
 from tests.e2e.test_requeue_cluster import (
     SCRIPT,
     assert_identical,

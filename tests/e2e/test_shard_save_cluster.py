@@ -10,8 +10,8 @@ import subprocess
 import pytest
 
 from hpc_train.resume_shape import SHAPE
-from hpc_train.runtime import shard_save
-from hpc_train.runtime.checkpoint import COMMIT, STATE_FILE
+from hpc_train.runtime.checkpoint import shares as shard_save
+from hpc_train.runtime.checkpoint.manager import COMMIT, STATE_FILE
 from tests.e2e.test_requeue_cluster import (
     assert_identical,
     final_params,

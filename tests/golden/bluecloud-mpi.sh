@@ -90,9 +90,9 @@ export HPC_TRAIN_RUN HPC_TRAIN_MAX_RESTARTS=3
 export HPC_TRAIN_DEADLINE=$(( $(date +%s) + 43020 ))
 echo "hpc_train: run ${HPC_TRAIN_RUN} of job ${SLURM_JOB_ID} on $(hostname) at $(date -Is) (restart budget 3)"
 # where this run begins: the no-progress rule, and the step each retry continued from (retries.jsonl)
-/opt/venv/bin/python -m hpc_train.runtime.health start || true
+/opt/venv/bin/python -m hpc_train.runtime.supervise.between_runs start || true
 # whether a run that ended is retried, and why: for status and submit --wait, which read no logs
-hpc_train_decided() { /opt/venv/bin/python -m hpc_train.runtime.health decided "$@" --status "${status}" || true; }
+hpc_train_decided() { /opt/venv/bin/python -m hpc_train.runtime.supervise.between_runs decided "$@" --status "${status}" || true; }
 if [ "${HPC_TRAIN_RUN}" -gt $(( HPC_TRAIN_MAX_RESTARTS + 1 )) ]; then
     echo "hpc_train: restart budget exhausted: ${HPC_TRAIN_MAX_RESTARTS} restarts used; not starting run ${HPC_TRAIN_RUN}" >&2
     status=1
@@ -108,9 +108,9 @@ cd /home/alice/project
 
 # launch
 srun --nodes=4 --ntasks-per-node=8 --cpus-per-task=16 --cpu-bind=cores --gpu-bind=closest --kill-on-bad-exit=1 --unbuffered --output=/home/alice/hpc_train/jobs/%j/%j_%t_log.out --error=/home/alice/hpc_train/jobs/%j/%j_%t_log.err --mpi=pmix \
-    /opt/venv/bin/python -m hpc_train.runtime.launch -- /home/alice/project/train.py --lr 1e-4 &
+    /opt/venv/bin/python -m hpc_train.runtime.launch.worker -- /home/alice/project/train.py --lr 1e-4 &
 hpc_train_step=$!
-/opt/venv/bin/python -m hpc_train.runtime.watchdog --step-pid "${hpc_train_step}" &
+/opt/venv/bin/python -m hpc_train.runtime.supervise.watchdog --step-pid "${hpc_train_step}" &
 hpc_train_watchdog=$!
 while :; do
     status=0
@@ -125,7 +125,7 @@ hpc_train_retry=0
 if [ "$(cat "${HPC_TRAIN_JOB_FOLDER}/hang_run" 2>/dev/null)" = "${HPC_TRAIN_RUN}" ]; then hpc_train_retry=1; fi
 if [ "${status}" -ne 0 ] && [ ! -e "${HPC_TRAIN_STOP_FILE}" ] && [ "${hpc_train_retry}" = 1 ]; then
     # names the node a crash points at, applies the no-progress rule, plans the nodes to avoid
-    /opt/venv/bin/python -m hpc_train.runtime.health failed || true
+    /opt/venv/bin/python -m hpc_train.runtime.supervise.between_runs failed || true
     if [ -e "${HPC_TRAIN_NO_RETRY_FILE}" ]; then
         echo "hpc_train: run ${HPC_TRAIN_RUN} failed (exit ${status}): $(head -c 2000 "${HPC_TRAIN_NO_RETRY_FILE}"); not requeueing: it would fail the same way" >&2
         hpc_train_decided not_retried no_retry  # health tells the no-progress rule's reason from a rank's fault

@@ -61,4 +61,4 @@ export HPC_TRAIN_DEEPSPEED_CONFIG="${HPC_TRAIN_JOB_FOLDER}/ds_config.json"
 
 # launch
 srun --nodes=2 --ntasks-per-node=4 --kill-on-bad-exit=1 --unbuffered --output=/home/alice/hpc_train/jobs/%j/%j_%t_log.out --error=/home/alice/hpc_train/jobs/%j/%j_%t_log.err \
-    /opt/venv/bin/python -m hpc_train.runtime.launch --local-rank-arg -- /home/alice/project/train.py --lr 1e-4
+    /opt/venv/bin/python -m hpc_train.runtime.launch.worker --local-rank-arg -- /home/alice/project/train.py --lr 1e-4

@@ -50,4 +50,4 @@ cd /home/alice/project
 
 # launch
 srun --nodes=2 --ntasks-per-node=4 --kill-on-bad-exit=1 --unbuffered --output=/home/alice/hpc_train/jobs/%j/%j_%t_log.out --error=/home/alice/hpc_train/jobs/%j/%j_%t_log.err --mpi=pmix \
-    /opt/venv/bin/python -m hpc_train.runtime.launch -- /home/alice/project/train.py --lr 1e-4
+    /opt/venv/bin/python -m hpc_train.runtime.launch.worker -- /home/alice/project/train.py --lr 1e-4

@@ -41,4 +41,4 @@ printf '%s\n' "${HPC_TRAIN_DEEPSPEED_CONFIG_JSON}" > "${HPC_TRAIN_JOB_FOLDER}/ds
 export HPC_TRAIN_DEEPSPEED_CONFIG="${HPC_TRAIN_JOB_FOLDER}/ds_config.json"
 
 # launch
-/opt/venv/bin/python -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=2 -m hpc_train.runtime.launch --local-rank-arg -- /home/alice/project/train.py --lr 1e-4
+/opt/venv/bin/python -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=2 -m hpc_train.runtime.launch.worker --local-rank-arg -- /home/alice/project/train.py --lr 1e-4

@@ -32,4 +32,4 @@ export MASTER_PORT=$(( 29500 + $$ % 2000 ))
 cd /home/alice/project
 
 # launch
-mpirun --oversubscribe --bind-to none -np 2 /opt/venv/bin/python -m hpc_train.runtime.launch -- /home/alice/project/train.py --lr 1e-4
+mpirun --oversubscribe --bind-to none -np 2 /opt/venv/bin/python -m hpc_train.runtime.launch.worker -- /home/alice/project/train.py --lr 1e-4

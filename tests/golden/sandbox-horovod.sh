@@ -73,9 +73,9 @@ export HPC_TRAIN_RUN HPC_TRAIN_MAX_RESTARTS=5
 export HPC_TRAIN_DEADLINE=$(( $(date +%s) + 540 ))
 echo "hpc_train: run ${HPC_TRAIN_RUN} of job ${SLURM_JOB_ID} on $(hostname) at $(date -Is) (restart budget 5)"
 # where this run begins: the no-progress rule, and the step each retry continued from (retries.jsonl)
-/opt/venv/bin/python -m hpc_train.runtime.health start || true
+/opt/venv/bin/python -m hpc_train.runtime.supervise.between_runs start || true
 # whether a run that ended is retried, and why: for status and submit --wait, which read no logs
-hpc_train_decided() { /opt/venv/bin/python -m hpc_train.runtime.health decided "$@" --status "${status}" || true; }
+hpc_train_decided() { /opt/venv/bin/python -m hpc_train.runtime.supervise.between_runs decided "$@" --status "${status}" || true; }
 if [ "${HPC_TRAIN_RUN}" -gt $(( HPC_TRAIN_MAX_RESTARTS + 1 )) ]; then
     echo "hpc_train: restart budget exhausted: ${HPC_TRAIN_MAX_RESTARTS} restarts used; not starting run ${HPC_TRAIN_RUN}" >&2
     status=1
@@ -91,9 +91,9 @@ cd /home/alice/project
 
 # launch
 srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 --unbuffered --output=/tmp/hpc_train-sandbox/jobs/%j/%j_%t_log.out --error=/tmp/hpc_train-sandbox/jobs/%j/%j_%t_log.err --mpi=pmix \
-    /opt/venv/bin/python -m hpc_train.runtime.launch -- /home/alice/project/train.py --lr 1e-4 &
+    /opt/venv/bin/python -m hpc_train.runtime.launch.worker -- /home/alice/project/train.py --lr 1e-4 &
 hpc_train_step=$!
-/opt/venv/bin/python -m hpc_train.runtime.watchdog --step-pid "${hpc_train_step}" &
+/opt/venv/bin/python -m hpc_train.runtime.supervise.watchdog --step-pid "${hpc_train_step}" &
 hpc_train_watchdog=$!
 while :; do
     status=0
@@ -108,7 +108,7 @@ hpc_train_retry=0
 if [ "$(cat "${HPC_TRAIN_JOB_FOLDER}/hang_run" 2>/dev/null)" = "${HPC_TRAIN_RUN}" ]; then hpc_train_retry=1; fi
 if [ "${status}" -ne 0 ] && [ ! -e "${HPC_TRAIN_STOP_FILE}" ] && [ "${hpc_train_retry}" = 1 ]; then
     # names the node a crash points at, applies the no-progress rule, plans the nodes to avoid
-    /opt/venv/bin/python -m hpc_train.runtime.health failed || true
+    /opt/venv/bin/python -m hpc_train.runtime.supervise.between_runs failed || true
     if [ -e "${HPC_TRAIN_NO_RETRY_FILE}" ]; then
         echo "hpc_train: run ${HPC_TRAIN_RUN} failed (exit ${status}): $(head -c 2000 "${HPC_TRAIN_NO_RETRY_FILE}"); not requeueing: it would fail the same way" >&2
         hpc_train_decided not_retried no_retry  # health tells the no-progress rule's reason from a rank's fault

@@ -21,7 +21,7 @@ from torch.utils.data import TensorDataset
 import hpc_train.runtime as rt
 
 OUT = Path(os.environ.get("HPC_TRAIN_JOB_FOLDER", "."))
-# the heartbeat answers a request within its poll (hpc_train.runtime.heartbeat.POLL_S, 2 s): ample margin
+# the heartbeat answers a request within its poll (hpc_train.runtime.lifecycle.heartbeat.POLL_S, 2 s): ample margin
 ANSWER_WAIT_S = 30.0
 
 
@@ -85,7 +85,7 @@ def train(args: argparse.Namespace) -> None:
     model, probe, data = regression(args.width, args.depth, max(2048, 2 * args.batch))
     model, _ = ctx.prepare(model, torch.optim.SGD(model.parameters(), lr=args.lr))
     loader = ctx.loader(data, batch_size=args.batch)
-    scaler = ctx.runtime.scaler  # torch.amp.GradScaler under fp16 (hpc_train/runtime/base.py, prepare)
+    scaler = ctx.runtime.scaler  # torch.amp.GradScaler under fp16 (hpc_train/runtime/engine/backend.py, prepare)
     losses = []
     for xb, yb in ctx.batches(loader, 0, args.steps):
         xb, yb = xb.to(ctx.device), yb.to(ctx.device)
@@ -166,7 +166,7 @@ def _collectives(ctx: Any) -> dict[str, Any]:
     summed = value.clone()
     dist.all_reduce(summed)
     in_dp = value.clone()
-    dist.all_reduce(in_dp, group=ctx.parallel.dp_group)  # the mesh's group (hpc_train.runtime.parallel)
+    dist.all_reduce(in_dp, group=ctx.parallel.dp_group)  # the mesh's group (hpc_train.runtime.engine.parallel)
     big = torch.full((1 << 20,), 0.5, device=ctx.device)
     dist.all_reduce(big)
     if ctx.device.type == "cuda":
@@ -185,8 +185,8 @@ def _collectives(ctx: Any) -> dict[str, Any]:
 
 def nccl(args: argparse.Namespace) -> None:
     """The process group of a --parallel dp=1,tp=1,pp=1 job; then the stacks and flight record the
-    heartbeat thread writes when asked, as the hang watchdog asks (hpc_train.runtime.watchdog.collect_dumps)."""
-    from hpc_train.runtime.heartbeat import REQUEST, dump_folder
+    heartbeat thread writes when asked, as the hang watchdog asks (hpc_train.runtime.supervise.watchdog.collect_dumps)."""
+    from hpc_train.runtime.lifecycle.heartbeat import REQUEST, dump_folder
 
     ctx = rt.init()
     report = {"device": str(ctx.device), **_collectives(ctx), "heartbeat": ctx.heartbeat is not None}

@@ -40,7 +40,7 @@ class Job:
         return json.loads(path.read_text())
 
     def metrics(self) -> list[dict[str, Any]]:
-        """Every line of metrics/steps.jsonl (hpc_train.runtime.metrics, written by rank 0)."""
+        """Every line of metrics/steps.jsonl (hpc_train.runtime.observe.metrics, written by rank 0)."""
         path = self.folder / "metrics" / "steps.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 

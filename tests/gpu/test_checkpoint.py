@@ -1,6 +1,6 @@
 """--async-checkpoint of CUDA tensors: the save copies the model's and Adam's state off the GPU into
 pinned buffers and writes them in the background while training changes the live tensors
-(hpc_train/runtime/shard_save.py, snapshot); what is committed, and what another job restores onto its
+(hpc_train/runtime/checkpoint/shares.py, snapshot); what is committed, and what another job restores onto its
 GPU, is the state at the saved step, bit for bit."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from hpc_train.contract import committed
-from hpc_train.runtime.shard_save import assemble
+from hpc_train.runtime.checkpoint.shares import assemble
 from tests.gpu.helpers import run
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_train.runtime.hang_report import last_collectives
-from hpc_train.runtime.watchdog import flight_records
+from hpc_train.runtime.supervise.hang_report import last_collectives
+from hpc_train.runtime.supervise.watchdog import flight_records
 from tests.gpu.helpers import cli, finish, start, wait_for
 from tests.unit.test_watchdog import env as watchdog_environment
 
@@ -29,7 +29,7 @@ HANG_TIMEOUT_S = 3
 def test_a_rank_blocked_on_the_gpu_with_nccl_up_is_found_ended_and_diagnosed(tmp_path):
     beats = tmp_path / "heartbeats"
     env = {"HPC_TRAIN_HEARTBEATS": str(beats), "TORCH_FR_BUFFER_SIZE": "2000"}
-    # --parallel dp=1,tp=1,pp=1: hpc_train starts an NCCL process group for the one rank (parallel.py)
+    # --parallel dp=1,tp=1,pp=1: hpc_train starts an NCCL process group for the one rank (runtime/engine/parallel.py)
     job = start(tmp_path, "hang", "--steps", "20", parallel="dp=1,tp=1,pp=1", env=env)
     try:
         wait_for(job.folder / "hang.json", job)  # 20 steps done; the rank now waits on a spinning kernel
@@ -40,7 +40,7 @@ def test_a_rank_blocked_on_the_gpu_with_nccl_up_is_found_ended_and_diagnosed(tmp
         watchdog_env = {**watchdog_environment(job.folder, str(HANG_TIMEOUT_S), world=1), "HPC_TRAIN_HEARTBEATS": str(beats)}
         started = time.monotonic()
         watch = subprocess.run(
-            [sys.executable, "-m", "hpc_train.runtime.watchdog", "--step-pid", str(rank["pid"])],
+            [sys.executable, "-m", "hpc_train.runtime.supervise.watchdog", "--step-pid", str(rank["pid"])],
             env=watchdog_env,
             capture_output=True,
             text=True,

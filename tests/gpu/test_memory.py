@@ -23,7 +23,7 @@ def test_micro_batch_auto_fits_the_batch_under_a_cuda_memory_limit(tmp_path):
     assert report["steps"] == 3 and report["finite"]  # every batch trained once it fitted
     assert 1 <= report["micro_batch"] < BATCH
     [chosen, *halved] = job.events("micro_batch")
-    # auto probes 1, 2, 4, ... samples (hpc_train/runtime/memory.py, MicroBatcher._choose)
+    # auto probes 1, 2, 4, ... samples (hpc_train/runtime/step/memory.py, MicroBatcher._choose)
     assert chosen["reason"] == "auto" and chosen["batch"] == BATCH and f"{BATCH} (too big)" in chosen["probed"], chosen
     assert chosen["micro_batch"] < BATCH
     # a later OOM in training halves it again: allowed, and said why

@@ -1,5 +1,5 @@
 """NVML in a GPU job's metrics: rank 0's GPU utilisation and memory in use, sampled at each flush
-(hpc_train/runtime/metrics.py, _nvml_sampler: torch.cuda.utilization through nvidia-ml-py), in steps.jsonl,
+(hpc_train/runtime/observe/metrics.py, _nvml_sampler: torch.cuda.utilization through nvidia-ml-py), in steps.jsonl,
 the Prometheus file and `report`."""
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """NCCL in a one-process job on one GPU: the process group hpc_train starts for a --parallel layout
-(hpc_train/runtime/parallel.py, _single_process_group: world 1 otherwise gets no process group at all,
-hpc_train/runtime/base.py, init) all-reduces correctly, and the rank's heartbeat thread, asked as the hang
+(hpc_train/runtime/engine/parallel.py, _single_process_group: world 1 otherwise gets no process group at all,
+hpc_train/runtime/engine/backend.py, init) all-reduces correctly, and the rank's heartbeat thread, asked as the hang
 watchdog asks, dumps the NCCL flight recorder's collectives as JSON the watchdog can read."""
 
 from __future__ import annotations
 
 import pytest
 
-from hpc_train.runtime.hang_report import last_collectives
-from hpc_train.runtime.heartbeat import dump_folder
-from hpc_train.runtime.watchdog import flight_records
+from hpc_train.runtime.lifecycle.heartbeat import dump_folder
+from hpc_train.runtime.supervise.hang_report import last_collectives
+from hpc_train.runtime.supervise.watchdog import flight_records
 from tests.gpu.helpers import run
 
 

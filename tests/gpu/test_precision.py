@@ -45,7 +45,7 @@ def test_fp16_grad_scaler_backs_off_and_skips_the_step_whose_gradients_overflow(
     overflow = report["overflow"]
     assert overflow["scale_before"] == 65536.0 and overflow["scale_after"] == 32768.0  # backoff_factor 0.5
     assert overflow["stepped"] and overflow["parameters_unchanged"]  # the batch is used up, nothing applied
-    # the scaler's own search for its scale, not divergence (hpc_train/runtime/numerics.py, _judge)
+    # the scaler's own search for its scale, not divergence (hpc_train/runtime/step/numerics.py, _judge)
     assert overflow["scale_skips"] == 1 and overflow["bad_steps"] == 0
     rows = job.steps()
     assert [row["step"] for row in rows if row.get("scale_skipped")] == [11], rows[-3:]

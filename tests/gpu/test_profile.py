@@ -1,5 +1,5 @@
 """--profile torch on a GPU job: the trace of the chosen steps holds CUDA's activity (kernels run on the
-device, recorded through CUPTI: hpc_train/runtime/profiling.py adds ProfilerActivity.CUDA on a GPU), and
+device, recorded through CUPTI: hpc_train/runtime/observe/profiling.py adds ProfilerActivity.CUDA on a GPU), and
 `report` splits the time by GPU kernels, not CPU operators."""
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ def test_torchrun_without_its_agent_runs_one_task_per_rank_through_the_shim(plug
     p = plan(plugins, "torchrun", procs_per_node=4, backend_options={"agent": False})
     assert p.tasks_per_node == 4 and ("ntasks-per-node", 4) in p.directives
     text = render(p, ())
-    assert "\\\n    /opt/venv/bin/python -m hpc_train.runtime.launch -- /home/alice/project/train.py" in text
+    assert "\\\n    /opt/venv/bin/python -m hpc_train.runtime.launch.worker -- /home/alice/project/train.py" in text
     assert "torch.distributed.run" not in text
     # the local site has no srun to start the ranks: torchrun's agent does, as with the option on
     local = render(plan(plugins, "torchrun", site="local", nodes=1, procs_per_node=2, backend_options={"agent": False}), ())
@@ -50,9 +50,11 @@ def test_torchrun_without_its_agent_runs_one_task_per_rank_through_the_shim(plug
 def test_mpi_style_backends_use_pmix_and_the_shim(plugins):
     for backend in ("mpi", "horovod"):
         text = render(plan(plugins, backend, procs_per_node=2), ())
-        assert "--mpi=pmix \\\n    /opt/venv/bin/python -m hpc_train.runtime.launch -- /home/alice/project/train.py" in text
+        assert (
+            "--mpi=pmix \\\n    /opt/venv/bin/python -m hpc_train.runtime.launch.worker -- /home/alice/project/train.py" in text
+        )
         local = render(plan(plugins, backend, site="local", nodes=1, procs_per_node=2), ())
-        assert "mpirun --oversubscribe --bind-to none -np 2 /opt/venv/bin/python -m hpc_train.runtime.launch" in local
+        assert "mpirun --oversubscribe --bind-to none -np 2 /opt/venv/bin/python -m hpc_train.runtime.launch.worker" in local
 
 
 def test_horovod_options_become_its_environment(plugins):

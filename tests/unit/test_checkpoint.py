@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpc_train.runtime.base import BackendRuntime
-from hpc_train.runtime.checkpoint import (
+from hpc_train.runtime.checkpoint.manager import (
     COMMIT,
     STATE_FILE,
     Checkpointer,
@@ -24,9 +23,10 @@ from hpc_train.runtime.checkpoint import (
 )
 from hpc_train.runtime.context import Context
 from hpc_train.runtime.data import DistributedLoader, batches
-from hpc_train.runtime.environment import detect
+from hpc_train.runtime.engine.backend import BackendRuntime
+from hpc_train.runtime.launch.environment import detect
+from hpc_train.runtime.lifecycle.preemption import StopWatcher
 from hpc_train.runtime.options import RuntimeOptions
-from hpc_train.runtime.preemption import StopWatcher
 from tests.conftest import REPO
 
 
@@ -326,7 +326,7 @@ def test_restart_from_scratch_still_resumes_from_a_checkpoint_that_loads(tmp_pat
 
 
 def test_observers_hear_of_saves_commits_and_restores_in_order_and_of_a_failed_save_too(tmp_path):
-    from hpc_train.runtime.checkpoint_events import CheckpointObserver
+    from hpc_train.runtime.checkpoint.events import CheckpointObserver
 
     class Heard(CheckpointObserver):
         def __init__(self) -> None:

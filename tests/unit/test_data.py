@@ -14,7 +14,7 @@ from torch.utils.data import TensorDataset
 
 from hpc_train import contract
 from hpc_train.runtime.data import Balance, DistributedLoader
-from hpc_train.runtime.straggler import NAMED_AFTER, Settings, StragglerMonitor
+from hpc_train.runtime.observe.straggler import NAMED_AFTER, Settings, StragglerMonitor
 from tests.conftest import REPO
 from tests.rank_launcher import run_world
 

@@ -13,7 +13,7 @@ import pytest
 
 from hpc_train.config.loader import load_site
 from hpc_train.fabric import doctor
-from hpc_train.fabric.doctor import FAIL, OK, WARN, Context
+from hpc_train.fabric.doctor import FAIL, OK, WARN, NodeFacts
 from hpc_train.plugin.backend import Backend
 from tests.conftest import REPO, write
 
@@ -79,7 +79,7 @@ def test_parse_header_query_and_nvlink():
     ],
 )
 def test_nvlink_nodes_are_healthy(machine, profile_env, nvlink_status):
-    checks = by_name(doctor.check_gpus(Context(env=profile_env, expected_gpus=8, in_job=True), recorded(machine)))
+    checks = by_name(doctor.check_gpus(NodeFacts(env=profile_env, expected_gpus=8, in_job=True), recorded(machine)))
     assert checks["gpus"].status == OK and checks["gpus"].summary.startswith("8 x NVIDIA")
     assert checks["topology"].status == OK and "all 8 GPUs pairwise on NVLink" in checks["topology"].summary
     assert checks["nvlink"].status == nvlink_status
@@ -90,27 +90,27 @@ def test_a_down_nvlink_is_a_warning():
     lines = text.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("GPU 3:")) + 6
     lines[at] = "\t Link 5: <inactive>"
-    checks = by_name(doctor.check_gpus(Context(expected_gpus=8), recorded("a100", "\n".join(lines))))
+    checks = by_name(doctor.check_gpus(NodeFacts(expected_gpus=8), recorded("a100", "\n".join(lines))))
     assert checks["nvlink"].status == WARN and "GPU 3 link 5" in checks["nvlink"].summary
     assert "95 of 96 links up" in checks["nvlink"].summary
 
 
 def test_p2p_disabled_on_an_nvlink_node_is_a_warning():
-    checks = by_name(doctor.check_gpus(Context(env={"NCCL_P2P_DISABLE": "1"}), recorded("h100")))
+    checks = by_name(doctor.check_gpus(NodeFacts(env={"NCCL_P2P_DISABLE": "1"}), recorded("h100")))
     assert checks["topology"].status == WARN and "NCCL_P2P_DISABLE" in checks["topology"].fix
 
 
 def test_consumer_gpus_without_p2p_off_get_the_pcie_profile_advice():
-    checks = by_name(doctor.check_gpus(Context(), recorded("rtx4090")))
+    checks = by_name(doctor.check_gpus(NodeFacts(), recorded("rtx4090")))
     assert "no NVLink" in checks["topology"].summary
     assert checks["topology"].status == WARN and "pcie-consumer" in checks["topology"].fix
     assert "nvlink" not in checks  # no NVLink check without NVLink
-    fine = by_name(doctor.check_gpus(Context(env={"NCCL_P2P_DISABLE": "1"}), recorded("rtx4090")))
+    fine = by_name(doctor.check_gpus(NodeFacts(env={"NCCL_P2P_DISABLE": "1"}), recorded("rtx4090")))
     assert fine["topology"].status == OK
 
 
 def test_fewer_gpus_than_the_partition_promises_fails_in_a_job():
-    checks = by_name(doctor.check_gpus(Context(expected_gpus=16, partition="big", in_job=True), recorded("a100")))
+    checks = by_name(doctor.check_gpus(NodeFacts(expected_gpus=16, partition="big", in_job=True), recorded("a100")))
     assert checks["gpus"].status == FAIL and "promises 16" in checks["gpus"].summary
 
 
@@ -118,15 +118,15 @@ def test_no_gpu_is_said_plainly():
     def none(cmd):
         return None, ""
 
-    [check] = doctor.check_gpus(Context(), none)
+    [check] = doctor.check_gpus(NodeFacts(), none)
     assert check.status == OK and check.summary.startswith("no GPU on this machine")
-    [check] = doctor.check_gpus(Context(expected_gpus=8, in_job=True), none)
+    [check] = doctor.check_gpus(NodeFacts(expected_gpus=8, in_job=True), none)
     assert check.status == FAIL
 
 
 def test_driver_failure_is_a_failure():
     [check] = doctor.check_gpus(
-        Context(), lambda cmd: (9, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.")
+        NodeFacts(), lambda cmd: (9, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.")
     )
     assert check.status == FAIL and "couldn't communicate" in check.summary
 
@@ -161,10 +161,10 @@ def test_doctor_on_a_login_node_without_torch_passes_with_warnings(plugins, monk
     monkeypatch.setattr(doctor.importlib.metadata, "version", not_installed)  # no torch, so no backend is ready
     backends = {name: plugins.backend(name) for name in ("torchrun", "mpi")}
     no_gpu = lambda cmd: (None, "")  # noqa: E731  (nvidia-smi and sinfo not found)
-    login = by_name(doctor.diagnose(Context(), run=no_gpu, sys_root=Path("/nonexistent"), backends=backends).checks)
+    login = by_name(doctor.diagnose(NodeFacts(), run=no_gpu, sys_root=Path("/nonexistent"), backends=backends).checks)
     assert login["versions"].status == WARN and login["python packages"].status == WARN
     assert FAIL not in {c.status for c in login.values()}  # `doctor` exits 0
-    in_job = doctor.diagnose(Context(in_job=True), run=no_gpu, sys_root=Path("/nonexistent"), backends=backends)
+    in_job = doctor.diagnose(NodeFacts(in_job=True), run=no_gpu, sys_root=Path("/nonexistent"), backends=backends)
     assert by_name(in_job.checks)["versions"].status == FAIL and by_name(in_job.checks)["python packages"].status == FAIL
     assert in_job.status == FAIL
 
@@ -191,32 +191,34 @@ def fake_ib(root: Path, dev: str, state: str = "4: ACTIVE", layer: str = "Infini
 def test_infiniband_ports_and_hca_matching(tmp_path):
     fake_ib(tmp_path, "mlx5_0")
     fake_ib(tmp_path, "mlx5_1", state="1: DOWN")
-    check = doctor.check_infiniband(Context(env={"NCCL_IB_HCA": "mlx5"}, profile="ib", in_job=True), tmp_path)
+    check = doctor.check_infiniband(NodeFacts(env={"NCCL_IB_HCA": "mlx5"}, profile="ib", in_job=True), tmp_path)
     assert check.status == WARN and "1 of 2 ports active" in check.summary  # a port down
-    check = doctor.check_infiniband(Context(env={"NCCL_IB_HCA": "=mlx5_1"}, profile="ib", in_job=True), tmp_path)
+    check = doctor.check_infiniband(NodeFacts(env={"NCCL_IB_HCA": "=mlx5_1"}, profile="ib", in_job=True), tmp_path)
     assert check.status == FAIL and "none matches NCCL_IB_HCA==mlx5_1" in check.summary
-    check = doctor.check_infiniband(Context(env={"NCCL_IB_HCA": "^mlx5_1"}, profile="ib", in_job=True), tmp_path)
+    check = doctor.check_infiniband(NodeFacts(env={"NCCL_IB_HCA": "^mlx5_1"}, profile="ib", in_job=True), tmp_path)
     assert check.status == OK and "1 match" in check.summary  # the down port is excluded anyway
 
 
 def test_missing_infiniband_fails_only_where_the_profile_needs_it(tmp_path):
-    assert doctor.check_infiniband(Context(env={"NCCL_IB_HCA": "mlx5"}, profile="ib", in_job=True), tmp_path).status == FAIL
-    assert doctor.check_infiniband(Context(env={"NCCL_IB_HCA": "mlx5"}, profile="ib"), tmp_path).status == WARN
-    assert doctor.check_infiniband(Context(env={"NCCL_IB_HCA": "mlx5", "NCCL_IB_DISABLE": "1"}), tmp_path).status == OK
+    assert doctor.check_infiniband(NodeFacts(env={"NCCL_IB_HCA": "mlx5"}, profile="ib", in_job=True), tmp_path).status == FAIL
+    assert doctor.check_infiniband(NodeFacts(env={"NCCL_IB_HCA": "mlx5"}, profile="ib"), tmp_path).status == WARN
+    assert doctor.check_infiniband(NodeFacts(env={"NCCL_IB_HCA": "mlx5", "NCCL_IB_DISABLE": "1"}), tmp_path).status == OK
 
 
 def test_roce_gid_index_must_be_roce_v2(tmp_path):
     fake_ib(tmp_path, "mlx5_0", layer="Ethernet", gid_type="IB/RoCE v1")
-    check = doctor.check_infiniband(Context(env={"NCCL_IB_HCA": "mlx5", "NCCL_IB_GID_INDEX": "3"}, profile="roce"), tmp_path)
+    check = doctor.check_infiniband(NodeFacts(env={"NCCL_IB_HCA": "mlx5", "NCCL_IB_GID_INDEX": "3"}, profile="roce"), tmp_path)
     assert check.status == WARN and "RoCE v1" in check.summary
 
 
 def test_socket_interfaces_named_by_the_profile(tmp_path):
     write(tmp_path / "class" / "net" / "ib0" / "operstate", "up\n")
     write(tmp_path / "class" / "net" / "eth0" / "operstate", "down\n")
-    ok = doctor.check_interfaces(Context(env={"NCCL_SOCKET_IFNAME": "ib"}), tmp_path)
+    ok = doctor.check_interfaces(NodeFacts(env={"NCCL_SOCKET_IFNAME": "ib"}), tmp_path)
     assert [c.status for c in ok] == [OK] and "ib0 up" in ok[0].summary
-    bad = doctor.check_interfaces(Context(env={"NCCL_SOCKET_IFNAME": "eth", "GLOO_SOCKET_IFNAME": "^ib"}, in_job=True), tmp_path)
+    bad = doctor.check_interfaces(
+        NodeFacts(env={"NCCL_SOCKET_IFNAME": "eth", "GLOO_SOCKET_IFNAME": "^ib"}, in_job=True), tmp_path
+    )
     assert [c.status for c in bad] == [FAIL, FAIL] and "eth0 (down)" in bad[0].summary
 
 
@@ -226,11 +228,11 @@ def test_slurm_partition_state(plugins):
     site = load_site("sandbox").config
     site = dataclasses.replace(site, slurm_conf=None)
     outputs = {"--version": (0, "slurm 23.11.4\n"), "-h": (0, "cpu|up|1|idle\ncpu|up|1|drained\ngpu|down|2|idle\n")}
-    check = doctor.check_slurm(Context(site=site), lambda cmd: outputs[cmd[1]])
+    check = doctor.check_slurm(NodeFacts(site=site), lambda cmd: outputs[cmd[1]])
     assert check.status == FAIL and "partition gpu is down" in check.summary
     assert "cpu: up, 1 drained, 1 idle" in check.details
     check = doctor.check_slurm(
-        Context(site=site), lambda cmd: (1, "sinfo: error: Unable to contact slurm controller (connect failure)")
+        NodeFacts(site=site), lambda cmd: (1, "sinfo: error: Unable to contact slurm controller (connect failure)")
     )
     assert check.status == FAIL and "Unable to contact" in check.summary
 
@@ -296,24 +298,24 @@ def test_nsys_is_checked_where_the_site_says_it_is():
     calls: list[list[str]] = []
     site = load_site("sandbox").config
     site = dataclasses.replace(site, tools=dataclasses.replace(site.tools, nsys="/opt/nsight/bin/nsys"))
-    check = doctor.check_nsys(Context(site=site, in_job=True), nsys_runner(True, calls))
+    check = doctor.check_nsys(NodeFacts(site=site, in_job=True), nsys_runner(True, calls))
     assert calls == [["/opt/nsight/bin/nsys", "--version"]]
     assert check.status == OK and check.summary.startswith("Nsight Systems 2024.5.1.113 (/opt/nsight/bin/nsys)")
 
 
 def test_nsys_missing_on_a_compute_node_is_said_with_the_fix():
-    check = doctor.check_nsys(Context(site=load_site("sandbox").config, in_job=True), nsys_runner(False))
+    check = doctor.check_nsys(NodeFacts(site=load_site("sandbox").config, in_job=True), nsys_runner(False))
     assert check.status == WARN and "'nsys' not found: --profile nsys would fail on this node" in check.summary
     assert check.fix is not None and "tools.nsys" in check.fix
-    cpu = doctor.check_nsys(Context(site=load_site("sandbox").config, in_job=True), nsys_runner(False, gpu=False))
+    cpu = doctor.check_nsys(NodeFacts(site=load_site("sandbox").config, in_job=True), nsys_runner(False, gpu=False))
     assert cpu.status == OK and "has nothing to trace" in cpu.summary  # a CPU node: nothing for nsys to do
-    login = doctor.check_nsys(Context(site=load_site("sandbox").config), nsys_runner(False))
+    login = doctor.check_nsys(NodeFacts(site=load_site("sandbox").config), nsys_runner(False))
     assert login.status == OK and "`doctor --submit` checks the compute nodes" in login.summary
 
 
 def test_a_site_without_nsys_is_no_warning(site_dir):
     (site_dir / "bare.yaml").write_text("extends: local\ntools:\n  nsys: null\n")
     calls: list[list[str]] = []
-    check = doctor.check_nsys(Context(site=load_site("bare").config, in_job=True), nsys_runner(False, calls))
+    check = doctor.check_nsys(NodeFacts(site=load_site("bare").config, in_job=True), nsys_runner(False, calls))
     assert check.status == OK and "tools.nsys: null" in check.summary and calls == []
-    assert "nsys" in {c.name for c in doctor.diagnose(Context(), recorded("a100"), sys_root=Path("/nonexistent")).checks}
+    assert "nsys" in {c.name for c in doctor.diagnose(NodeFacts(), recorded("a100"), sys_root=Path("/nonexistent")).checks}

@@ -18,9 +18,10 @@ import pytest
 from hpc_train import contract
 from hpc_train.jobs import goodput
 from hpc_train.jobs.handle import JobRecord
-from hpc_train.runtime import health, metrics, straggler, suspects, watchdog
-from hpc_train.runtime.checkpoint import COMMIT
-from hpc_train.runtime.hang_report import Culprit
+from hpc_train.runtime.checkpoint.manager import COMMIT
+from hpc_train.runtime.observe import metrics, straggler
+from hpc_train.runtime.supervise import between_runs, suspects, watchdog
+from hpc_train.runtime.supervise.hang_report import Culprit
 from tests.conftest import REPO
 
 T0 = 1_700_000_000.0
@@ -313,7 +314,7 @@ def test_a_crash_restarted_inside_the_allocation_costs_no_queue_wait(tmp_path, c
                 }
             )
         )
-    health.name_crash_culprit(tmp_path, beats, 1, {})  # the failure path names n2 as it does in the job
+    between_runs.name_crash_culprit(tmp_path, beats, 1, {})  # the failure path names n2 as it does in the job
     batch_log(tmp_path, "77", "run 1 failed (exit 1); restarting inside the allocation", stream="err")
     run_begins(tmp_path, clock, 2)
     train(tmp_path, clock, run=2, steps=30, start_step=10, slow_rank=1.8)

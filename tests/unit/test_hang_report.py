@@ -1,18 +1,18 @@
-"""Who is behind in a hang, and which node a crash points at (hpc_train.runtime.hang_report)."""
+"""Who is behind in a hang, and which node a crash points at (hpc_train.runtime.supervise.hang_report)."""
 
 from __future__ import annotations
 
 import faulthandler
 import threading
 
-from hpc_train.runtime.hang_report import behind, cpu_seconds, first_failures, main_stack, waiting
+from hpc_train.runtime.supervise.hang_report import behind, cpu_seconds, first_failures, main_stack, waiting
 
 WAITING_STACK = """Thread 0x00007f01 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 320 in wait
-  File "/site/hpc_train/runtime/heartbeat.py", line 90 in _loop
+  File "/site/hpc_train/runtime/lifecycle/heartbeat.py", line 90 in _loop
 
 Current thread 0x00007f02 (most recent call first):
-  File "/site/hpc_train/runtime/heartbeat.py", line 120 in _dump
+  File "/site/hpc_train/runtime/lifecycle/heartbeat.py", line 120 in _dump
 
 Thread 0x00007f00 (most recent call first):
   File "/site/torch/autograd/graph.py", line 824 in _engine_run_backward
@@ -113,7 +113,7 @@ def _record(*entries: tuple[str, int, str]) -> dict:
 
 
 def test_the_flight_recorder_names_ranks_behind_in_one_process_group():
-    from hpc_train.runtime.hang_report import behind_in_collectives
+    from hpc_train.runtime.supervise.hang_report import behind_in_collectives
 
     flight = {
         0: _record(("0", 41, "nccl:all_reduce"), ("1", 7, "nccl:all_gather")),
@@ -126,7 +126,7 @@ def test_the_flight_recorder_names_ranks_behind_in_one_process_group():
 
 
 def test_equal_flight_records_or_point_to_point_only_name_nobody():
-    from hpc_train.runtime.hang_report import behind_in_collectives
+    from hpc_train.runtime.supervise.hang_report import behind_in_collectives
 
     assert behind_in_collectives({0: _record(("0", 9, "a")), 1: _record(("0", 9, "a"))}) == {}
     p2p = {"entries": [{"process_group": ["0", "pg"], "collective_seq_id": 0, "is_p2p": True, "p2p_seq_id": 3}]}

@@ -1,4 +1,4 @@
-"""Between runs (hpc_train.runtime.health): where a run began, the no-progress rule, the crash's node."""
+"""Between runs (hpc_train.runtime.supervise.between_runs): where a run began, the no-progress rule, the crash's node."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from hpc_train import contract
-from hpc_train.runtime.health import newest_step, no_progress, record_start
+from hpc_train.runtime.supervise.between_runs import newest_step, no_progress, record_start
 
 
 def commit(job: Path, step: int, complete: bool = True) -> None:
@@ -76,7 +76,11 @@ def test_failed_writes_the_no_retry_file_and_names_the_crashed_node(tmp_path):
         "HPC_TRAIN_NO_RETRY_FILE": str(tmp_path / "no_retry"),
     }
     out = subprocess.run(
-        [sys.executable, "-m", "hpc_train.runtime.health", "failed"], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "hpc_train.runtime.supervise.between_runs", "failed"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 0, out.stderr
     assert "failed without getting past the start" in (tmp_path / "no_retry").read_text()
@@ -86,7 +90,7 @@ def test_failed_writes_the_no_retry_file_and_names_the_crashed_node(tmp_path):
 
 
 def test_the_next_step_runs_on_the_allocations_healthy_nodes(tmp_path):
-    from hpc_train.runtime.health import step_nodes
+    from hpc_train.runtime.supervise.between_runs import step_nodes
 
     # Slurm's own expansion of the node list; scontrol needs a config to start, not a controller
     (tmp_path / "slurm.conf").write_text("ClusterName=t\nSlurmctldHost=localhost\n")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from hpc_train.runtime.heartbeat import FAST_POLL_S, QUIET_S, REQUEST, Heartbeat, dump_folder
+from hpc_train.runtime.lifecycle.heartbeat import FAST_POLL_S, QUIET_S, REQUEST, Heartbeat, dump_folder
 
 
 def wait_for(condition, timeout: float) -> bool:

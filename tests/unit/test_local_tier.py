@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from hpc_train import contract
-from hpc_train.runtime import local_tier, peer_copy
-from hpc_train.runtime.checkpoint import COMMIT
+from hpc_train.runtime.checkpoint.local import peer_copy
+from hpc_train.runtime.checkpoint.local import tier as local_tier
+from hpc_train.runtime.checkpoint.manager import COMMIT
 from tests.conftest import REPO, free_port
 from tests.rank_launcher import World
 from tests.unit.test_checkpoint import tiny_filesystem  # noqa: F401  (a fixture)

@@ -15,11 +15,11 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from hpc_train.runtime import memory
-from hpc_train.runtime.base import BackendRuntime
 from hpc_train.runtime.context import Context
-from hpc_train.runtime.environment import detect
+from hpc_train.runtime.engine.backend import BackendRuntime
+from hpc_train.runtime.launch.environment import detect
 from hpc_train.runtime.options import RuntimeOptions
+from hpc_train.runtime.step import memory
 from tests.conftest import REPO
 from tests.rank_launcher import run_world
 

@@ -8,10 +8,10 @@ import time
 import pytest
 import torch
 
-from hpc_train.runtime.base import BackendRuntime
 from hpc_train.runtime.context import Context
-from hpc_train.runtime.environment import detect
-from hpc_train.runtime.metrics import (
+from hpc_train.runtime.engine.backend import BackendRuntime
+from hpc_train.runtime.launch.environment import detect
+from hpc_train.runtime.observe.metrics import (
     JSONL,
     PROM,
     TB_DIR,

@@ -1,4 +1,4 @@
-"""The node check at start-up (hpc_train.runtime.node_check): what fails a node, what collect makes of it."""
+"""The node check at start-up (hpc_train.runtime.supervise.node_check): what fails a node, what collect makes of it."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 from hpc_train import contract, hookimpl
 from hpc_train.fabric.doctor import FAIL, OK
-from hpc_train.runtime import node_check
-from hpc_train.runtime.suspects import read_suspects, record_suspect
+from hpc_train.runtime.supervise import node_check
+from hpc_train.runtime.supervise.suspects import read_suspects, record_suspect
 from hpc_train.testing import make_plugins
 
 

@@ -20,11 +20,11 @@ import torch
 
 from hpc_train import contract
 from hpc_train.jobs import report
-from hpc_train.runtime.base import FUSED_PROBE_ELEMENTS, BackendRuntime, _flag_view
 from hpc_train.runtime.context import Context
-from hpc_train.runtime.environment import detect
-from hpc_train.runtime.numerics import DivergenceError, NumericsGuard
+from hpc_train.runtime.engine.backend import FUSED_PROBE_ELEMENTS, BackendRuntime, _flag_view
+from hpc_train.runtime.launch.environment import detect
 from hpc_train.runtime.options import RuntimeOptions
+from hpc_train.runtime.step.numerics import DivergenceError, NumericsGuard
 from tests.conftest import REPO
 from tests.rank_launcher import run_world
 
@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import TensorDataset
 from hpc_train.runtime.context import init
-from hpc_train.runtime.numerics import DivergenceError
+from hpc_train.runtime.step.numerics import DivergenceError
 
 folder, backend, spec = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
 ctx = init(backend)

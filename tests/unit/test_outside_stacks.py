@@ -1,4 +1,4 @@
-"""Stacks read from outside a rank that cannot answer (hpc_train.runtime.outside_stacks): real py-spy."""
+"""Stacks read from outside a rank that cannot answer (hpc_train.runtime.supervise.outside_stacks): real py-spy."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import subprocess
 import sys
 import time
 
-from hpc_train.runtime.hang_report import main_stack
-from hpc_train.runtime.outside_stacks import as_faulthandler, command, dump_from_outside, py_spy
+from hpc_train.runtime.supervise.hang_report import main_stack
+from hpc_train.runtime.supervise.outside_stacks import as_faulthandler, command, dump_from_outside, py_spy
 
 STUCK = """
 import threading, time

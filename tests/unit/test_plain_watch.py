@@ -68,7 +68,7 @@ def run(tmp_path: Path, how: str) -> tuple[subprocess.CompletedProcess, list[sub
     ranks, environ = start_plain_ranks(tmp_path, PLAIN, how)
     try:
         out = subprocess.run(
-            [sys.executable, "-m", "hpc_train.runtime.watchdog", "--step-pid", str(ranks[0].pid)],
+            [sys.executable, "-m", "hpc_train.runtime.supervise.watchdog", "--step-pid", str(ranks[0].pid)],
             env=environ,
             capture_output=True,
             text=True,
@@ -115,7 +115,7 @@ def hooked(monkeypatch, tmp_path):
 
 
 def test_a_runtime_script_keeps_its_own_heartbeat_and_the_hook_stands_down(tmp_path, monkeypatch):
-    from hpc_train.runtime.heartbeat import Heartbeat, dump_folder
+    from hpc_train.runtime.lifecycle.heartbeat import Heartbeat, dump_folder
 
     model, optimizer = hooked(monkeypatch, tmp_path)
     own = Heartbeat(tmp_path / "heartbeats", 0, 1, dump_folder(tmp_path, 1))  # as the Context makes it
@@ -131,7 +131,7 @@ def test_a_runtime_script_keeps_its_own_heartbeat_and_the_hook_stands_down(tmp_p
 
 
 def test_a_plain_rank_heartbeat_starts_at_import_torch_and_counts_every_step(tmp_path, monkeypatch):
-    from hpc_train.runtime.heartbeat import Heartbeat
+    from hpc_train.runtime.lifecycle.heartbeat import Heartbeat
 
     model, optimizer = hooked(monkeypatch, tmp_path)
     record = json.loads((tmp_path / "heartbeats" / "rank-0.json").read_text())
@@ -188,7 +188,7 @@ BEFORE_GROUP = textwrap.dedent("""
 
 
 def watch_in_process(tmp_path: Path, how: str, monkeypatch, source: str = NEVER_STEPPED) -> list[subprocess.Popen]:
-    from hpc_train.runtime import watchdog
+    from hpc_train.runtime.supervise import watchdog
 
     ranks, environ = start_plain_ranks(tmp_path, source, how, TORCH_FR_BUFFER_SIZE="100")
     for key in ("HPC_TRAIN_JOB_FOLDER", "HPC_TRAIN_HEARTBEATS", "HPC_TRAIN_RUN", "HPC_TRAIN_NODES", "HPC_TRAIN_PROCS_PER_NODE"):
@@ -276,8 +276,8 @@ ARGV_SCRIPT = textwrap.dedent("""
     import torch
     if sys.argv[-3] == "runtime":  # before the runtime is imported: the launcher's word may still be first
         import hpc_train.runtime
-        from hpc_train.runtime.heartbeat import Heartbeat
-        assert Heartbeat is sys.modules["hpc_train.runtime.heartbeat"].Heartbeat
+        from hpc_train.runtime.lifecycle.heartbeat import Heartbeat
+        assert Heartbeat is sys.modules["hpc_train.runtime.lifecycle.heartbeat"].Heartbeat
     print(json.dumps(sys.argv[1:]))
 """)
 
@@ -291,7 +291,7 @@ def test_the_launchers_local_rank_is_taken_off_for_a_runtime_script_where_the_wa
     script.write_text(ARGV_SCRIPT)
     environ = {**env(tmp_path, "30", world=1), "PYTHONPATH": os.pathsep.join([BOOT, str(REPO)]), "RANK": "0"}
     environ.pop(contract.ENV_WATCHED_PID, None)
-    shim = [sys.executable, "-m", "hpc_train.runtime.launch", "--local-rank-arg", "--", str(script), kind, "--lr", "1e-4"]
+    shim = [sys.executable, "-m", "hpc_train.runtime.launch.worker", "--local-rank-arg", "--", str(script), kind, "--lr", "1e-4"]
     out = subprocess.run(shim, env=environ, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == seen

@@ -171,8 +171,8 @@ def test_hang_watchdog_and_health_settings_reach_the_job(plugins):
     assert learned.watchdog and "HPC_TRAIN_HANG_TIMEOUT" not in env  # learned from the run's step time
     assert env["HPC_TRAIN_EXCLUDE_SUSPECTS"] == "1" and env["HPC_TRAIN_STRAGGLER_THRESHOLD"] == "0.2"
     text = render(learned, ())
-    assert '-m hpc_train.runtime.watchdog --step-pid "${hpc_train_step}" &' in text
-    assert "-m hpc_train.runtime.health failed" in text and "ExcNodeList=" in text
+    assert '-m hpc_train.runtime.supervise.watchdog --step-pid "${hpc_train_step}" &' in text
+    assert "-m hpc_train.runtime.supervise.between_runs failed" in text and "ExcNodeList=" in text
     given = plan(plugins, site="sandbox", hang_timeout="5m", straggler_threshold=0.5)
     env = {e.name: e.value for e in given.env}
     assert env["HPC_TRAIN_HANG_TIMEOUT"] == "300" and env["HPC_TRAIN_STRAGGLER_THRESHOLD"] == "0.5"
@@ -181,7 +181,7 @@ def test_hang_watchdog_and_health_settings_reach_the_job(plugins):
         plan(plugins, site="sandbox", requeue=False),
         plan(plugins, site="local"),
     ):
-        assert not off.watchdog and "hpc_train.runtime.watchdog" not in render(off, ())
+        assert not off.watchdog and "hpc_train.runtime.supervise.watchdog" not in render(off, ())
         assert "HPC_TRAIN_HANG_TIMEOUT" not in {e.name for e in off.env}
 
 

@@ -15,13 +15,13 @@ import torch
 
 from hpc_train import contract
 from hpc_train.jobs import traces
-from hpc_train.runtime.base import AllReduceRuntime
 from hpc_train.runtime.boot import FOLDER as BOOT
 from hpc_train.runtime.boot import hpc_train_nsys
 from hpc_train.runtime.context import Context
-from hpc_train.runtime.environment import detect
+from hpc_train.runtime.engine.backend import AllReduceRuntime
+from hpc_train.runtime.launch.environment import detect
+from hpc_train.runtime.observe.profiling import Ranges
 from hpc_train.runtime.options import RuntimeOptions
-from hpc_train.runtime.profiling import Ranges
 from tests.conftest import REPO, free_port
 from tests.rank_launcher import run_world
 
@@ -232,7 +232,7 @@ def test_nsys_under_the_launch_shim_keeps_the_script_its_own_arguments(tmp_path)
     env.update({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_LOCALID": "0", "SLURM_NNODES": "1", "SLURM_NODEID": "0"})
     env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
     (tmp_path / "job.py").write_text(SCRIPT)
-    command = [sys.executable, "-m", "hpc_train.runtime.launch", "--local-rank-arg", "--", str(tmp_path / "job.py"), "x"]
+    command = [sys.executable, "-m", "hpc_train.runtime.launch.worker", "--local-rank-arg", "--", str(tmp_path / "job.py"), "x"]
     out = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     (call,) = [json.loads(line) for line in (tmp_path / "nsys.log").read_text().splitlines()]

@@ -30,7 +30,7 @@ def _model() -> torch.nn.Sequential:
 
 def _train(ctx: Any, spec: dict[str, Any]) -> dict[str, Any]:
     """The documented loop; returns the global loss and the global sample ids of every step."""
-    from hpc_train.runtime.parallel import dp_all_reduce_mean
+    from hpc_train.runtime.engine.parallel import dp_all_reduce_mean
 
     model = _model()
     if ctx.parallel is not None and ctx.parallel.tp_size > 1:
@@ -75,7 +75,7 @@ def _worker(rank: int, world: int, port: int, spec: dict[str, Any]) -> None:
         else:
             os.environ.pop(name, None)
     import hpc_train.runtime as rt
-    from hpc_train.runtime.resume import ResumeError
+    from hpc_train.runtime.checkpoint.reshape import ResumeError
 
     ctx = rt.init(metrics=False)
     try:

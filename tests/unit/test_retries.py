@@ -1,5 +1,5 @@
-"""Each retry decision leaves its reason in the job folder (hpc_train.runtime.retries), written the way the
-batch script writes it: through ``python -m hpc_train.runtime.health decided`` after ``health start``/``failed``."""
+"""Each retry decision leaves its reason in the job folder (hpc_train.runtime.supervise.retries), written the way the
+batch script writes it: through ``python -m hpc_train.runtime.supervise.between_runs decided`` after ``health start``/``failed``."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from hpc_train import contract
-from hpc_train.runtime import retries
-from hpc_train.runtime.health import decided, no_progress, record_start
-from hpc_train.runtime.no_retry import refuse_retry
+from hpc_train.runtime.lifecycle.no_retry import refuse_retry
+from hpc_train.runtime.supervise import retries
+from hpc_train.runtime.supervise.between_runs import decided, no_progress, record_start
 
 
 def env_of(job: Path, run: int, max_restarts: int = 10) -> dict[str, str]:
@@ -80,7 +80,7 @@ def test_a_fault_that_would_repeat_is_named_over_on_failure_fail(tmp_path):
 
 def test_the_batch_scripts_command_line_records_the_decision(tmp_path):
     env = {**os.environ, **env_of(tmp_path, 3, max_restarts=2)}
-    cmd = [sys.executable, "-m", "hpc_train.runtime.health"]
+    cmd = [sys.executable, "-m", "hpc_train.runtime.supervise.between_runs"]
     assert subprocess.run([*cmd, "start"], env=env, timeout=60).returncode == 0
     out = subprocess.run(
         [*cmd, "decided", "not_retried", "restart_budget", "--status", "1"], env=env, capture_output=True, text=True, timeout=60

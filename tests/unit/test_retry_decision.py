@@ -11,8 +11,8 @@ from hpc_train import contract
 from hpc_train.cli import status_cmd
 from hpc_train.jobs.handle import JobHandle, JobRecord
 from hpc_train.jobs.retry_decision import story
-from hpc_train.runtime.health import decided, no_progress, record_start
-from hpc_train.runtime.no_retry import refuse_retry
+from hpc_train.runtime.lifecycle.no_retry import refuse_retry
+from hpc_train.runtime.supervise.between_runs import decided, no_progress, record_start
 from tests.unit.test_retries import env_of
 
 

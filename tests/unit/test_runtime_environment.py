@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hpc_train.runtime.environment import detect, first_host
+from hpc_train.runtime.launch.environment import detect, first_host
 from hpc_train.runtime.options import RuntimeOptions
 from tests.conftest import write
 
@@ -90,7 +90,7 @@ def test_launch_shim_maps_srun_to_torch_variables(tmp_path):
     )
     env = {"PATH": "/usr/bin:/bin", **SRUN_TASK}
     out = subprocess.run(
-        [sys.executable, "-m", "hpc_train.runtime.launch", "--local-rank-arg", "--", str(probe), "--lr", "1"],
+        [sys.executable, "-m", "hpc_train.runtime.launch.worker", "--local-rank-arg", "--", str(probe), "--lr", "1"],
         capture_output=True,
         text=True,
         env=env,
@@ -112,7 +112,7 @@ def test_launch_shim_maps_srun_to_torch_variables(tmp_path):
 
 
 def test_launch_shim_usage_errors():
-    out = subprocess.run([sys.executable, "-m", "hpc_train.runtime.launch", "--bogus"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "hpc_train.runtime.launch.worker", "--bogus"], capture_output=True, text=True)
     assert out.returncode == 2 and "unknown option '--bogus'" in out.stderr
 
 

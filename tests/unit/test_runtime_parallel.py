@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from hpc_train.runtime.parallel import stage_bounds, with_layout
+from hpc_train.runtime.engine.parallel import stage_bounds, with_layout
 from tests.conftest import free_port
 
 WORLD = 4
@@ -51,8 +51,8 @@ def _worker(rank: int, port: int, folder: str) -> None:
     import torch.distributed as dist
 
     import hpc_train.runtime as rt
-    from hpc_train.runtime import sharded_checkpoint
-    from hpc_train.runtime.parallel import (
+    from hpc_train.runtime.checkpoint import sharded as sharded_checkpoint
+    from hpc_train.runtime.engine.parallel import (
         Pipeline,
         average_gradients,
         build_mesh,
@@ -141,7 +141,7 @@ def test_stage_bounds_split_evenly():
 
 
 def test_without_a_layout_the_runtime_is_unchanged():
-    from hpc_train.runtime.base import BackendRuntime
+    from hpc_train.runtime.engine.backend import BackendRuntime
 
     assert with_layout(BackendRuntime, {}) is BackendRuntime
     mixed = with_layout(BackendRuntime, {"HPC_TRAIN_PARALLEL": "dp=2,tp=2"})
@@ -149,10 +149,10 @@ def test_without_a_layout_the_runtime_is_unchanged():
 
 
 def test_a_runtime_that_owns_parallelism_gets_the_mesh_only_and_runs_its_own_pipeline():
-    from hpc_train.runtime.base import BackendRuntime
-    from hpc_train.runtime.environment import detect
+    from hpc_train.runtime.engine.backend import BackendRuntime
+    from hpc_train.runtime.engine.parallel import LayoutRuntime, MeshOnly, pipeline
+    from hpc_train.runtime.launch.environment import detect
     from hpc_train.runtime.options import RuntimeOptions
-    from hpc_train.runtime.parallel import LayoutRuntime, MeshOnly, pipeline
 
     class Owns(BackendRuntime):  # declared on the class, as DeepSpeed's runtime does
         owns_parallelism = True

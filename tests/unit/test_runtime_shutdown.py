@@ -16,9 +16,9 @@ import threading
 
 import pytest
 
-from hpc_train.runtime.base import BackendRuntime
 from hpc_train.runtime.context import Context
-from hpc_train.runtime.environment import DistEnv
+from hpc_train.runtime.engine.backend import BackendRuntime
+from hpc_train.runtime.launch.environment import DistEnv
 from hpc_train.runtime.options import RuntimeOptions
 from tests.conftest import REPO, free_port
 

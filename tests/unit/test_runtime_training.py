@@ -8,9 +8,9 @@ from hpc_train_plugins.torchrun_runtime import TorchrunRuntime
 
 from hpc_train import Backend, hookimpl
 from hpc_train.plugin import manager
-from hpc_train.runtime.base import AllReduceRuntime, BackendRuntime, apply_activation_checkpointing
 from hpc_train.runtime.context import Context, runtime_class
-from hpc_train.runtime.environment import DistEnv, detect
+from hpc_train.runtime.engine.backend import AllReduceRuntime, BackendRuntime, apply_activation_checkpointing
+from hpc_train.runtime.launch.environment import DistEnv, detect
 from hpc_train.runtime.options import RuntimeOptions
 
 

@@ -8,7 +8,8 @@ import pytest
 
 from hpc_train import scontrol
 from hpc_train.jobs.handle import JobHandle, JobRecord
-from hpc_train.runtime import health, preemption
+from hpc_train.runtime.lifecycle import preemption
+from hpc_train.runtime.supervise import between_runs
 from hpc_train.submission import slurm_cmd
 
 # show job -o: a requeued job on its BeginTime hold; a job name and paths with spaces, TRES with "="
@@ -139,11 +140,11 @@ def test_show_is_empty_when_the_controller_cannot_be_asked(monkeypatch, outcome)
 def test_health_reads_the_jobs_and_its_partitions_nodes(monkeypatch):
     answers = {("job", "4242"): scontrol.first(JOB), ("partition", "gpu"): scontrol.first(PARTITION)}
     monkeypatch.setattr(scontrol, "show", lambda entity, name, timeout=30: answers.get((entity, name), {}))
-    assert health.partition_nodes("4242") == (2, 8, {"gpu07"})
+    assert between_runs.partition_nodes("4242") == (2, 8, {"gpu07"})
     answers[("job", "4242")] = scontrol.first(JOB.replace("ExcNodeList=gpu07", "ExcNodeList=(null)"))
-    assert health.partition_nodes("4242") == (2, 8, set())
+    assert between_runs.partition_nodes("4242") == (2, 8, set())
     del answers[("partition", "gpu")]  # a missing TotalNodes: nothing known, no exclusion planned
-    assert health.partition_nodes("4242") is None
+    assert between_runs.partition_nodes("4242") is None
 
 
 def test_preemption_does_not_requeue_a_job_requeued_already(monkeypatch):

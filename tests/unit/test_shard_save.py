@@ -19,8 +19,8 @@ import torch
 
 from hpc_train import contract
 from hpc_train.resume_shape import SHAPE
-from hpc_train.runtime import shard_save
-from hpc_train.runtime.checkpoint import COMMIT, STATE_FILE
+from hpc_train.runtime.checkpoint import shares as shard_save
+from hpc_train.runtime.checkpoint.manager import COMMIT, STATE_FILE
 from tests.conftest import REPO, free_port
 from tests.rank_launcher import World, run_world
 from tests.unit.test_checkpoint import make, tiny_filesystem  # noqa: F401  (a fixture)
@@ -33,7 +33,7 @@ import json, sys, time
 from pathlib import Path
 import torch
 from hpc_train.runtime.context import init
-from hpc_train.runtime.checkpoint import CheckpointError
+from hpc_train.runtime.checkpoint.manager import CheckpointError
 
 folder, backend, spec = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
 ctx = init(backend)

@@ -8,7 +8,7 @@ import os
 import torch
 import torch.multiprocessing as mp
 
-from hpc_train.runtime.checkpoint import COMMIT
+from hpc_train.runtime.checkpoint.manager import COMMIT
 from tests.conftest import free_port
 
 WORLD = 2

@@ -75,5 +75,5 @@ def test_the_node_check_paths_pass_shellcheck_too(plugins, tmp_path, options):
 
     script = tmp_path / "job.sh"
     script.write_text(render_job(plugins, "sandbox", nodes=2, **options))
-    assert "-m hpc_train.runtime.node_check || hpc_train_node_failed=1" in script.read_text()
+    assert "-m hpc_train.runtime.supervise.node_check || hpc_train_node_failed=1" in script.read_text()
     assert findings(script, sorted(EXCEPTIONS)) == []

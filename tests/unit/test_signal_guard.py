@@ -11,7 +11,7 @@ from hpc_train.testing import plan_job
 
 RANK = textwrap.dedent("""
     import os, signal, sys, time
-    from hpc_train.runtime.preemption import StopWatcher
+    from hpc_train.runtime.lifecycle.preemption import StopWatcher
     watcher = StopWatcher({"HPC_TRAIN_STOP_SIGNAL": "USR2"}).start()   # what every rank's checkpointer does
     os.kill(os.getppid(), signal.SIGUSR2)   # scancel --signal reaches the launcher...
     os.kill(os.getpid(), signal.SIGUSR2)    # ...and every rank
@@ -23,7 +23,7 @@ LAUNCHER = f"import subprocess, sys; sys.exit(subprocess.run([sys.executable, '-
 
 def guarded(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "hpc_train.runtime.signal_guard", *argv], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "hpc_train.runtime.launch.signal_guard", *argv], capture_output=True, text=True, timeout=60
     )
 
 
@@ -46,6 +46,6 @@ def test_bad_arguments_are_refused_with_usage():
 
 def test_torchrun_is_guarded_only_when_the_job_can_be_told_to_stop(plugins):
     launch = " ".join(plan_job(plugins, "sandbox", backend="torchrun", nodes=2).launch)
-    assert "-m hpc_train.runtime.signal_guard --ignore=USR2 -- -m torch.distributed.run" in launch
+    assert "-m hpc_train.runtime.launch.signal_guard --ignore=USR2 -- -m torch.distributed.run" in launch
     unguarded = " ".join(plan_job(plugins, "sandbox", backend="torchrun", nodes=2, requeue=False).launch)
     assert "signal_guard" not in unguarded and "-m torch.distributed.run" in unguarded

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from hpc_train import contract
-from hpc_train.runtime import straggler
-from hpc_train.runtime.straggler import NAMED_AFTER, Rule, Settings, StragglerMonitor, medians_of_others, slowdowns
+from hpc_train.runtime.observe import straggler
+from hpc_train.runtime.observe.straggler import NAMED_AFTER, Rule, Settings, StragglerMonitor, medians_of_others, slowdowns
 from tests.conftest import REPO
 from tests.rank_launcher import run_world
 

@@ -75,7 +75,7 @@ def graph() -> dict[str, set[str]]:
 
 def test_no_import_cycles_between_modules():
     edges = graph()
-    assert "hpc_train.contract" in edges["hpc_train.runtime.watchdog"]  # the scan sees imports
+    assert "hpc_train.contract" in edges["hpc_train.runtime.supervise.watchdog"]  # the scan sees imports
     assert not cycles(edges), cycles(edges)
 
 
@@ -101,6 +101,72 @@ def test_the_login_side_never_imports_the_job_side():
     assert "hpc_train.cli.submit_cmd" in login
     crossing = {name: sorted(t for t in edges[name] if t.startswith("hpc_train.runtime")) for name in login}
     assert not {name: targets for name, targets in crossing.items() if targets}
+
+
+# What each room of hpc_train/runtime may import when it is imported (its __init__ says why); a function may
+# import more when it runs. A top-level module is a room of its own; "" is the package's own __init__.
+RUNTIME = "hpc_train.runtime"
+RUNTIME_ROOMS: dict[str, set[str]] = {
+    "": {"launch"},
+    "log": set(),
+    "options": set(),
+    "data": {"log"},
+    "launch": set(),
+    "lifecycle": set(),
+    "boot": set(),
+    "supervise": {"lifecycle", "log"},
+    "step": {"lifecycle", "log"},
+    "checkpoint": {"lifecycle", "supervise", "log"},
+    "engine": {"launch", "step", "options"},
+    "observe": {"checkpoint", "step", "log"},
+    "context": {"launch", "lifecycle", "step", "checkpoint", "engine", "observe", "data", "options", "log"},
+}
+
+
+def runtime_room(module: str) -> str:
+    return module.removeprefix(RUNTIME).lstrip(".").split(".")[0]
+
+
+def import_time_imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """Modules of ours ``name`` imports when it is imported: its top level (a ``try`` included), not a
+    function's body, not ``TYPE_CHECKING``."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.parse(path.read_text()).body:
+        for sub in node.body if isinstance(node, ast.Try) else [node]:
+            if isinstance(sub, ast.Import):
+                found |= {alias.name for alias in sub.names}
+            elif isinstance(sub, ast.ImportFrom):
+                base = sub.module or ""
+                if sub.level:
+                    base = ".".join([*package.split(".")[: len(package.split(".")) - sub.level + 1], *filter(None, [sub.module])])
+                found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in sub.names}
+    return {target for target in found if target in known and target != name}
+
+
+def test_each_room_of_the_runtime_imports_only_what_its_rules_allow():
+    known = modules()
+    rooms = {runtime_room(name) for name in known if name.startswith(RUNTIME)}
+    assert rooms == set(RUNTIME_ROOMS), f"rooms without rules, or rules without a room: {rooms ^ set(RUNTIME_ROOMS)}"
+    broken = []
+    for name, path in known.items():
+        if not name.startswith(RUNTIME):
+            continue
+        room = runtime_room(name)
+        for target in import_time_imports(name, path, known):
+            other = runtime_room(target) if target.startswith(RUNTIME + ".") else None
+            if other is not None and other != room and other not in RUNTIME_ROOMS[room]:
+                broken.append(f"{name} imports {target}: {room or 'hpc_train.runtime'} may import {sorted(RUNTIME_ROOMS[room])}")
+    assert not broken, "\n".join(broken)
+
+
+def test_the_room_rules_see_an_import_that_breaks_them(tmp_path):
+    source = tmp_path / "tool.py"
+    source.write_text(
+        "import os\nfrom hpc_train.runtime.context import init\nif TYPE_CHECKING:\n    import hpc_train.runtime.observe\n"
+    )
+    known = {"hpc_train.runtime.supervise.tool": source, "hpc_train.runtime.context": source, "hpc_train.runtime.observe": source}
+    assert import_time_imports("hpc_train.runtime.supervise.tool", source, known) == {"hpc_train.runtime.context"}
 
 
 def test_the_core_never_imports_the_built_in_plugins():

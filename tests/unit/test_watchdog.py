@@ -11,14 +11,14 @@ import textwrap
 import time
 from pathlib import Path
 
-from hpc_train.runtime import watchdog
-from hpc_train.runtime.watchdog import Settings, StepClock, limit
+from hpc_train.runtime.supervise import watchdog
+from hpc_train.runtime.supervise.watchdog import Settings, StepClock, limit
 
 # a rank that makes 30 steps with hpc_train's heartbeat, then blocks (or ends) as a hung rank would
 RANK = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from hpc_train.runtime.heartbeat import Heartbeat, dump_folder
+    from hpc_train.runtime.lifecycle.heartbeat import Heartbeat, dump_folder
     job = Path(sys.argv[1])
     beat = Heartbeat(job / "heartbeats", int(sys.argv[2]), 1, dump_folder(job, 1), poll_s=0.2)
     for _ in range(30):
@@ -56,7 +56,7 @@ def test_a_blocked_run_is_declared_hung_with_stacks_and_ended(tmp_path):
     # the watchdog watches rank 0's process as "the step" and kills it when it declares the hang
     started = time.time()
     out = subprocess.run(
-        [sys.executable, "-m", "hpc_train.runtime.watchdog", "--step-pid", str(ranks[0].pid)],
+        [sys.executable, "-m", "hpc_train.runtime.supervise.watchdog", "--step-pid", str(ranks[0].pid)],
         env=env(tmp_path, "3"),
         capture_output=True,
         text=True,
@@ -83,7 +83,7 @@ def test_a_stopped_rank_is_named_and_its_stacks_read_from_outside(tmp_path):
     os.kill(ranks[1].pid, signal.SIGSTOP)  # it can never answer from inside now
     try:
         out = subprocess.run(
-            [sys.executable, "-m", "hpc_train.runtime.watchdog", "--step-pid", str(ranks[0].pid)],
+            [sys.executable, "-m", "hpc_train.runtime.supervise.watchdog", "--step-pid", str(ranks[0].pid)],
             env=env(tmp_path, "3"),
             capture_output=True,
             text=True,
@@ -105,7 +105,7 @@ COLLECTIVES = textwrap.dedent("""
     import sys, time
     from pathlib import Path
     import torch, torch.distributed as dist
-    from hpc_train.runtime.heartbeat import Heartbeat, dump_folder
+    from hpc_train.runtime.lifecycle.heartbeat import Heartbeat, dump_folder
     job, rank = Path(sys.argv[1]), int(sys.argv[2])
     dist.init_process_group("gloo", rank=rank, world_size=2)
     beat = Heartbeat(job / "heartbeats", rank, 1, dump_folder(job, 1), poll_s=0.2)
@@ -129,7 +129,7 @@ def test_the_flight_recorder_names_the_rank_that_has_not_entered_the_collective(
     ranks = [subprocess.Popen([sys.executable, "-c", COLLECTIVES, str(tmp_path), str(r)], env=environ) for r in (0, 1)]
     try:
         out = subprocess.run(
-            [sys.executable, "-m", "hpc_train.runtime.watchdog", "--step-pid", str(ranks[0].pid)],
+            [sys.executable, "-m", "hpc_train.runtime.supervise.watchdog", "--step-pid", str(ranks[0].pid)],
             env=environ,
             capture_output=True,
             text=True,
@@ -151,7 +151,7 @@ def test_the_flight_recorder_names_the_rank_that_has_not_entered_the_collective(
 def test_a_run_that_finishes_is_left_alone(tmp_path):
     ranks = start_ranks(tmp_path, "end")
     out = subprocess.run(
-        [sys.executable, "-m", "hpc_train.runtime.watchdog", "--step-pid", str(ranks[0].pid)],
+        [sys.executable, "-m", "hpc_train.runtime.supervise.watchdog", "--step-pid", str(ranks[0].pid)],
         env=env(tmp_path, "3"),
         capture_output=True,
         text=True,

@@ -1,17 +1,17 @@
 """Under ``--profile nsys``: the chosen ranks' python runs under ``nsys profile``, one report per rank.
 
 Each backend starts its ranks its own way: torchrun forks workers with its own python, srun and mpirun run
-the launch shim (hpc_train.runtime.launch) which becomes the script's python, DeepSpeed's local run nests
+the launch shim (hpc_train.runtime.launch.worker) which becomes the script's python, DeepSpeed's local run nests
 the shim under torchrun, a plugin's backend may run ``python script`` itself. Under all of them the rank's
 python runs the job's sitecustomize (this folder, first on PYTHONPATH) before the script, so that is where
 the wrapping happens, the launch lines untouched: the python that runs the job's script
 (``HPC_TRAIN_PROFILE_SCRIPT``) on a chosen rank replaces itself by ``nsys profile ... <its own command
 line>``. nsys starts it again as its child, marked (``HPC_TRAIN_NSYS_WRAPPED``): it, and every process it
-starts, then run as they are. The capture range is CUDA's profiler API, which hpc_train.runtime.profiling
+starts, then run as they are. The capture range is CUDA's profiler API, which hpc_train.runtime.observe.profiling
 opens and closes on the spec's steps, so the report holds those steps only.
 
 A module of its own, loaded by the sitecustomize as ``hpc_train_nsys``: importing ``hpc_train.runtime``
-this early would take the launch's added arguments off ``sys.argv`` (hpc_train.runtime.argv) in
+this early would take the launch's added arguments off ``sys.argv`` (hpc_train.runtime.launch.argv) in
 processes whose script never imports it. It reads the rank from the launcher's variables itself.
 """
 
@@ -59,7 +59,7 @@ def command(environ: MutableMapping[str, str], rank: int, argv: Sequence[str], e
 
 
 def adopt_launch_record(environ: MutableMapping[str, str], wrapped_pid: int, pid: int) -> None:
-    """The launch shim's record of the arguments it added names the process it became (hpc_train.runtime.argv:
+    """The launch shim's record of the arguments it added names the process it became (hpc_train.runtime.launch.argv:
     ``{"pid": N, "args": [...]}``); under nsys the script runs in nsys's child, which takes the record over."""
     raw = environ.get(contract.ENV_LAUNCH_ADDED_ARGS)
     try:
@@ -89,7 +89,7 @@ def main(environ: MutableMapping[str, str] | None = None) -> None:
     env[contract.ENV_NSYS_WRAPPED] = str(os.getpid())
     stop = env.get(contract.ENV_STOP_SIGNAL, "").upper().removeprefix("SIG")
     if stop and stop not in ("TERM", "INT", "KILL") and hasattr(signal, f"SIG{stop}"):
-        # as for a launcher (hpc_train.runtime.signal_guard): nsys must outlive the stop signal; the
+        # as for a launcher (hpc_train.runtime.launch.signal_guard): nsys must outlive the stop signal; the
         # runtime in its child installs its own handler for it
         signal.signal(getattr(signal, f"SIG{stop}"), signal.SIG_IGN)
     print(f"hpc_train profile: rank {rank} runs under {argv[0]}: {' '.join(argv[1:7])} ...", file=sys.stderr, flush=True)

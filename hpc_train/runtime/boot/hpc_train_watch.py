@@ -1,6 +1,6 @@
 """Hang detection for scripts that never import hpc_train.runtime: their optimizer's steps are the heartbeat.
 
-The watchdog (hpc_train.runtime.watchdog) judges progress by each rank's heartbeat file, which
+The watchdog (hpc_train.runtime.supervise.watchdog) judges progress by each rank's heartbeat file, which
 ``ctx.step()`` keeps. A plain torchrun or mpirun script has no ``ctx.step()``, but its optimizer steps: once
 ``import torch`` has finished, this starts the rank's heartbeat (0 steps: the watchdog's start-up allowance
 for plain scripts) and registers a global step post-hook
@@ -82,7 +82,7 @@ RUNTIME = "hpc_train.runtime"
 
 
 def _heartbeat_class() -> Any:
-    """hpc_train.runtime.heartbeat's Heartbeat, loaded without running hpc_train.runtime's ``__init__``.
+    """hpc_train.runtime.lifecycle.heartbeat's Heartbeat, loaded without running hpc_train.runtime's ``__init__``.
 
     That ``__init__`` takes the launch's words (``--local_rank=N``) off ``sys.argv`` and drops their record,
     for the script that imports it. Run here, right after ``import torch``, it ran before the script's own
@@ -93,13 +93,13 @@ def _heartbeat_class() -> Any:
     heartbeat module already loaded (one Heartbeat class, shared with the script's Context).
     """
     if RUNTIME in sys.modules:  # the script's import of hpc_train.runtime is under way (it imported torch)
-        return importlib.import_module(f"{RUNTIME}.heartbeat").Heartbeat
+        return importlib.import_module(f"{RUNTIME}.lifecycle.heartbeat").Heartbeat
     spec = importlib.util.find_spec(RUNTIME)
     stand_in = types.ModuleType(RUNTIME)
     stand_in.__path__ = list(spec.submodule_search_locations or []) if spec else []
     sys.modules[RUNTIME] = stand_in
     try:
-        return importlib.import_module(f"{RUNTIME}.heartbeat").Heartbeat
+        return importlib.import_module(f"{RUNTIME}.lifecycle.heartbeat").Heartbeat
     finally:
         if sys.modules.get(RUNTIME) is stand_in:
             del sys.modules[RUNTIME]

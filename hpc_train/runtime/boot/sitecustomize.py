@@ -4,7 +4,7 @@ first on PYTHONPATH), including scripts that never import hpc_train.
 torch 2.13's gloo worker threads free a finished collective's work a moment after the caller has its
 result; freeing takes the GIL; once the interpreter is finalizing, a thread taking the GIL is ended
 inside a C++ destructor: std::terminate, SIGABRT, a finished run reported FAILED. ``ctx.shutdown()``
-drains them for scripts that use hpc_train.runtime (runtime/base.py); this does the same for plain
+drains them for scripts that use hpc_train.runtime (runtime/engine/backend.py); this does the same for plain
 torchrun/mpirun scripts: at exit, if torch.distributed was used, it lets go of the GIL for a moment
 while the interpreter is still intact. Registered first, so it runs after the script's own atexit
 handlers. Then the next sitecustomize on the path, if any, runs as it would have without us.
@@ -26,7 +26,7 @@ import sys
 import time
 import types
 
-DRAIN_S = 0.2  # as hpc_train.runtime.base.WORKER_DRAIN_S (measured there: 0/30 aborts, was 3-7/20)
+DRAIN_S = 0.2  # as hpc_train.runtime.engine.backend.WORKER_DRAIN_S (measured there: 0/30 aborts, was 3-7/20)
 
 
 def _drain() -> None:
