@@ -1,6 +1,6 @@
 """The login side of ``preflight``: submit the bandwidth job, read its results, judge them.
 
-The job (hpc_train/runtime/supervise/preflight_job.py) measures; this module decides. Judging is a pure
+The job (hpc_train/runtime/preflight_job.py) measures; this module decides. Judging is a pure
 function of the results and the site's figures (``preflight:`` in the site file, per partition),
 so a past job's results can be judged again against another figure.
 """
@@ -16,7 +16,7 @@ import hpc_train
 from hpc_train.config.models import Preflight
 from hpc_train.errors import UsageError
 
-JOB_SCRIPT = Path(hpc_train.__file__).resolve().parent / "runtime" / "supervise" / "preflight_job.py"
+JOB_SCRIPT = Path(hpc_train.__file__).resolve().parent / "runtime" / "preflight_job.py"
 RELATIVE_SLOW = 0.5  # without a site figure, a pair under half the best pair is slow
 CPU_MAX_SIZE = "64M"  # gloo over Ethernet: bigger messages only make the job longer
 

@@ -16,7 +16,7 @@ from hpc_train.fabric.preflight import (
     human,
     max_size_for,
 )
-from hpc_train.runtime.supervise.preflight_job import (
+from hpc_train.runtime.preflight_job import (
     bandwidth,
     parse_size,
     sizes_up_to,

@@ -20,7 +20,6 @@ TOOLS = [
     "supervise.hang_report",
     "supervise.suspects",
     "supervise.between_runs",
-    "supervise.preflight_job",
     "launch.signal_guard",
     "launch.worker",
     "lifecycle.heartbeat",

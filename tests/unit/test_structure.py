@@ -110,6 +110,7 @@ RUNTIME_ROOMS: dict[str, set[str]] = {
     "": {"launch"},
     "log": set(),
     "options": set(),
+    "preflight_job": set(),
     "data": {"log"},
     "launch": set(),
     "lifecycle": set(),
