@@ -5,11 +5,10 @@ The top level stays light (no torch, no submitit at import): login nodes are slo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-__version__ = "0.1.0"
+from typing import TYPE_CHECKING
 
 from hpc_train.errors import ConfigError, HpcTrainError, SchedulerError, UsageError
+from hpc_train.lazy import lazy_names
 from hpc_train.plugin.backend import (
     Backend,
     CliOption,
@@ -20,6 +19,7 @@ from hpc_train.plugin.backend import (
     survive_stop_signal,
 )
 from hpc_train.plugin.hookspecs import hookimpl
+from hpc_train.version import __version__
 
 if TYPE_CHECKING:
     from hpc_train.api import job, render, submit, sweep
@@ -39,14 +39,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hpc_train' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
-
+__getattr__, __dir__ = lazy_names(globals(), _LAZY)
 
 __all__ = [
     "Backend",

@@ -16,7 +16,7 @@ Fixtures, each isolated from the real user's config, site path and disabled-plug
     the sbatch script for a job, deterministic: ``HOME=/home/user``, ``USER=user``, workdir
     ``/home/user/project``, python ``/opt/venv/bin/python``
 ``hpc_train_plan(plugins, site, **job_options)``
-    the :class:`~hpc_train.submission.plan.JobPlan` (``plan.env``, ``plan.directives``) for assertions
+    the :class:`~hpc_train.submission.job_plan.JobPlan` (``plan.env``, ``plan.directives``) for assertions
 ``hpc_train_policy(plugins, site, **job_options)``
     every problem planning the job reports (your ``hpc_train_validate_job`` among them); [] if none
 ``hpc_train_golden(text, name)``
@@ -39,7 +39,8 @@ import pytest
 from hpc_train import contract
 from hpc_train.errors import ConfigError
 from hpc_train.plugin.manager import Plugins, get_plugin_manager
-from hpc_train.submission.plan import JobPlan, build_plan
+from hpc_train.submission.job_plan import JobPlan
+from hpc_train.submission.plan import build_plan
 from hpc_train.submission.prepare import make_job, render_plan, resolve_site
 
 BUILTIN_DISTRIBUTION = "hpc_train"

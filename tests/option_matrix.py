@@ -24,7 +24,7 @@ from hpc_train.config.fields import field_names, to_env
 from hpc_train.config.job import GROUPS, JobSpec
 from hpc_train.errors import ConfigError, HpcTrainError, UsageError
 from hpc_train.plugin.manager import Plugins
-from hpc_train.submission.plan import JobPlan
+from hpc_train.submission.job_plan import JobPlan
 from hpc_train.submission.prepare import make_job, plan_job, render_plan
 from hpc_train.submission.shell import quote
 from hpc_train.testing import make_plugins

@@ -9,8 +9,9 @@ import warnings
 from collections.abc import Sequence
 from typing import NoReturn
 
-from hpc_train import __version__, contract
+from hpc_train import contract
 from hpc_train.errors import EXIT_USAGE, ConfigWarning, HpcTrainError
+from hpc_train.version import __version__
 
 _python_showwarning = warnings.showwarning
 

@@ -15,9 +15,9 @@ from hpc_train.errors import EXIT_CONFIG, HpcTrainError
 
 if TYPE_CHECKING:
     from hpc_train.config.job import JobSpec
-    from hpc_train.config.loader import ResolvedSite
+    from hpc_train.config.resolved import ResolvedSite
     from hpc_train.plugin.manager import Plugins
-    from hpc_train.submission.plan import JobPlan
+    from hpc_train.submission.job_plan import JobPlan
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +17,7 @@ from hpc_train._resources import builtin_dir
 from hpc_train.config import site_cache
 from hpc_train.config.errors import problems_from_validation
 from hpc_train.config.models import SiteConfig
+from hpc_train.config.resolved import ResolvedSite
 from hpc_train.config.slurm_time import format_slurm_time, parse_slurm_time
 from hpc_train.config.text import kind_of, unsafe_char
 from hpc_train.config.validate import ValidationError, validate
@@ -33,21 +34,6 @@ class SiteSource:
     name: str
     path: Path
     origin: str  # "builtin", "$HPC_TRAIN_SITE_PATH", "user", or "plugin <name>"
-
-
-@dataclass
-class ResolvedSite:
-    """A validated site and, for each dotted key, the file and line its value came from."""
-
-    config: SiteConfig
-    path: Path
-    chain: list[Path]
-    provenance: dict[str, tuple[str, int | None]] = field(default_factory=dict)
-    digests: dict[str, str] = field(default_factory=dict)  # sha256 of each chain file as it was read (site_cache)
-
-    @property
-    def name(self) -> str:
-        return self.config.name
 
 
 def display_path(path: Path) -> str:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from hpc_train._resources import cache_dir, file_stamp, write_atomic
 
 if TYPE_CHECKING:
-    from hpc_train.config.loader import ResolvedSite
+    from hpc_train.config.resolved import ResolvedSite
 
 FORMAT = 1
 # the code a resolved site depends on: the config package and the NCCL catalogue its checks use
@@ -29,7 +29,7 @@ def _entry(path: Path) -> Path | None:
     folder = cache_dir("sites")
     if folder is None:
         return None
-    from hpc_train import __version__
+    from hpc_train.version import __version__
 
     # display paths in messages are relative to the working folder, so it is part of the key
     key = "\0".join([str(path.resolve()), os.getcwd(), sys.version, __version__, str(FORMAT)])

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from hpc_train.config.errors import Loc, dotted, problems_from_validation
-from hpc_train.config.loader import ResolvedSite, display_path
+from hpc_train.config.loader import display_path
+from hpc_train.config.resolved import ResolvedSite
 from hpc_train.config.validate import ValidationError, validate
 from hpc_train.errors import Problem, did_you_mean
 from hpc_train.fabric import nccl

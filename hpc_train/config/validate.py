@@ -83,7 +83,7 @@ def _entry_path(cls: type) -> Path | None:
     folder = cache_dir("validators")
     if folder is None:
         return None
-    from hpc_train import __version__
+    from hpc_train.version import __version__
 
     key = "\0".join(
         [cls.__module__, cls.__qualname__, str(_module_file(cls.__module__)), CORE_VERSION, sys.version, __version__, str(FORMAT)]

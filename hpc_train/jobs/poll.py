@@ -18,13 +18,34 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from hpc_train import contract
 from hpc_train.jobs.states import ACTIVE_STATES
 
-if TYPE_CHECKING:
-    from hpc_train.jobs.handle import JobHandle
+
+class _Requeue(Protocol):
+    @property
+    def requeue(self) -> bool: ...
+
+
+class Polled(Protocol):
+    """What the poller reads of a job (a JobHandle is one): declared here, so the poller does not import the
+    handle that uses it."""
+
+    @property
+    def record(self) -> _Requeue: ...
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def folder(self) -> Path: ...
+
+    def scheduler_info(self) -> dict[str, str]: ...
+
+    def release_if_held(self, info: dict[str, str] | None = None) -> bool: ...
+
 
 LAST_RUN_FILE = contract.LAST_RUN  # written by templates/sbatch/base.sh.j2 at the end of every run
 RUNS_FILE = contract.RUNS  # the run counter, incremented by the batch script at the start of every run
@@ -123,7 +144,7 @@ class JobPoller:
     """What one job is doing now: one controller query per look, the end rule, the requeue-hold
     release, and the back-off between looks. ``wait()``, the live progress and ``logs --follow``."""
 
-    def __init__(self, handle: JobHandle, poll_s: float = 1.0, max_poll_s: float = MAX_POLL_S) -> None:
+    def __init__(self, handle: Polled, poll_s: float = 1.0, max_poll_s: float = MAX_POLL_S) -> None:
         self.handle = handle
         self.rule = EndRule(handle.record.requeue)
         self.backoff = Backoff(poll_s, max_poll_s)

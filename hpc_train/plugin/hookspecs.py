@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from hpc_train.config.models import SiteConfig
     from hpc_train.jobs.handle import JobHandle
     from hpc_train.plugin.backend import Backend
-    from hpc_train.submission.plan import JobPlan
+    from hpc_train.submission.job_plan import JobPlan
 
 PROJECT = "hpc_train"
 hookspec = pluggy.HookspecMarker(PROJECT)

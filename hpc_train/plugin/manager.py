@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from hpc_train.jobs.handle import JobHandle
     from hpc_train.plugin.backend import Backend
     from hpc_train.plugin.hookspecs import CliCommand
-    from hpc_train.submission.plan import JobPlan
+    from hpc_train.submission.job_plan import JobPlan
 
 ENTRY_POINT_GROUP = "hpc_train"
 SITE_SUFFIXES = (".yaml", ".yml")

@@ -28,7 +28,7 @@ from hpc_train import contract
 from hpc_train.errors import SchedulerError, UsageError
 from hpc_train.jobs.handle import JobHandle, JobRecord
 from hpc_train.submission import slurm_cmd
-from hpc_train.submission.plan import JobPlan
+from hpc_train.submission.job_plan import JobPlan
 
 DEFAULT_LOCAL_TIMEOUT_MIN = 7 * 24 * 60
 

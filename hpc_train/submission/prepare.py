@@ -17,11 +17,13 @@ from typing import Any, Literal
 from hpc_train.config.errors import problems_from_validation
 from hpc_train.config.fields import flag_of
 from hpc_train.config.job import JobSpec
-from hpc_train.config.loader import ResolvedSite, SiteRegistry, default_search_dirs
+from hpc_train.config.loader import SiteRegistry, default_search_dirs
+from hpc_train.config.resolved import ResolvedSite
 from hpc_train.config.validate import ValidationError, validate
 from hpc_train.errors import ConfigError, ConfigWarning, HpcTrainError, Problem, TemplateError, UsageError
 from hpc_train.plugin.manager import Plugins, default_plugins
-from hpc_train.submission.plan import JOB, JobPlan, build_plan
+from hpc_train.submission.job_plan import JobPlan
+from hpc_train.submission.plan import JOB, build_plan
 
 LOCAL = "local"  # the core's answer when no plugin detects a site (hpc_train.plugin.manager._Defaults)
 DEFAULTS_PLUGIN = "hpc_train.defaults"  # the name the core registers that fallback under

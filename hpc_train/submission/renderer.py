@@ -12,13 +12,14 @@ from pathlib import Path
 
 import jinja2
 
-from hpc_train import __version__, contract
+from hpc_train import contract
 from hpc_train._resources import builtin_dir, cache_dir
 from hpc_train.contract import FILES
 from hpc_train.errors import Problem, TemplateError
 from hpc_train.plugin.backend import Raw
-from hpc_train.submission.plan import JobPlan
+from hpc_train.submission.job_plan import JobPlan
 from hpc_train.submission.shell import join, join_lines, quote, sbatch_line
+from hpc_train.version import __version__
 
 
 @functools.cache

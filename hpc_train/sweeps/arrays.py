@@ -34,7 +34,7 @@ from hpc_train.submission.shell import join, quote
 if TYPE_CHECKING:
     from hpc_train.config.job import JobSpec
     from hpc_train.plugin.manager import Plugins
-    from hpc_train.submission.plan import JobPlan
+    from hpc_train.submission.job_plan import JobPlan
 
 KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 DEFAULT_MAX_ARRAY_SIZE = 1001  # Slurm's default when the configuration does not say

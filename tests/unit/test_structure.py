@@ -12,19 +12,25 @@ LONGEST = 60  # lines, decorators excluded: a function a reader sees at once
 LOGIN_SIDE = ("cli", "submission", "jobs", "sweeps", "config", "plugin", "fabric")
 
 
+PACKAGES = {"hpc_train": "hpc_train", "plugins": "hpc_train_plugins"}  # folder -> the name it is imported as
+
+
 def modules(folder: str = "hpc_train") -> dict[str, Path]:
     found = {}
     for path in sorted((REPO / folder).rglob("*.py")):
-        parts = path.relative_to(REPO).with_suffix("").parts
+        parts = (PACKAGES.get(folder, folder), *path.relative_to(REPO / folder).with_suffix("").parts)
         found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return found
 
 
-def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """Modules of ours ``name`` imports, at the top or inside functions; TYPE_CHECKING imports excepted."""
+def imports(name: str, path: Path, known: dict[str, Path], typing: bool = False) -> set[str]:
+    """Modules of ours ``name`` imports, at the top or inside functions; TYPE_CHECKING imports only with
+    ``typing`` (a reader who takes one file takes those too)."""
     tree = ast.parse(path.read_text())
-    typing_only = {id(sub) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-                   for sub in ast.walk(node)}  # fmt: skip
+    typing_only = set() if typing else {
+        id(sub) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for sub in ast.walk(node)
+    }  # fmt: skip
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     for node in ast.walk(tree):
@@ -68,15 +74,39 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def graph() -> dict[str, set[str]]:
-    known = modules()
-    return {name: imports(name, path, known) for name, path in known.items()}
+def graph(typing: bool = False) -> dict[str, set[str]]:
+    """Every module of hpc_train/ and plugins/ (as hpc_train_plugins) and the modules of ours it imports;
+    a package is its ``__init__``, so a circle through one is a circle here."""
+    known = {**modules("hpc_train"), **modules("plugins")}
+    return {name: imports(name, path, known, typing) for name, path in known.items()}
+
+
+# The one circle left, through annotations only: the training library's Context names the checkpointer, the
+# backend and the observers it builds, and they name the Context (and each other) in their signatures. It
+# may not grow; a module joining it fails the test below.
+ANNOTATION_CIRCLE = {
+    "hpc_train.runtime.context",
+    "hpc_train.runtime.checkpoint.manager",
+    "hpc_train.runtime.checkpoint.reshape",
+    "hpc_train.runtime.checkpoint.local.tier",
+    "hpc_train.runtime.engine.backend",
+    "hpc_train.runtime.engine.parallel",
+    "hpc_train.runtime.observe.metrics",
+    "hpc_train.runtime.observe.profiling",
+    "hpc_train.runtime.step.numerics",
+}
 
 
 def test_no_import_cycles_between_modules():
     edges = graph()
     assert "hpc_train.contract" in edges["hpc_train.runtime.supervise.watchdog"]  # the scan sees imports
+    assert "hpc_train.runtime.engine.backend" in edges["hpc_train_plugins.torchrun_runtime"]  # and plugins/
     assert not cycles(edges), cycles(edges)
+
+
+def test_no_circle_of_files_even_through_type_annotations_but_the_one_named():
+    found = cycles(graph(typing=True))
+    assert all(set(circle) <= ANNOTATION_CIRCLE for circle in found), [c for c in found if not set(c) <= ANNOTATION_CIRCLE]
 
 
 def test_the_cycle_finder_finds_a_cycle():

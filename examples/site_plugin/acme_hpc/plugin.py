@@ -14,7 +14,7 @@ from hpc_train.config.slurm_time import format_slurm_time, parse_slurm_time
 if TYPE_CHECKING:
     from hpc_train.config.job import JobSpec
     from hpc_train.config.models import SiteConfig
-    from hpc_train.submission.plan import JobPlan
+    from hpc_train.submission.job_plan import JobPlan
 
 HERE = Path(__file__).resolve().parent
 SUPPORT = "hpc@acme.example"
