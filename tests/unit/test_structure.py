@@ -31,11 +31,15 @@ def imports(name: str, path: Path, known: dict[str, Path], typing: bool = False)
         id(sub) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
         for sub in ast.walk(node)
     }  # fmt: skip
+    nodes = [node for node in ast.walk(tree) if id(node) not in typing_only]
+    return imported(name, path, nodes, known)
+
+
+def imported(name: str, path: Path, nodes: list[ast.AST], known: dict[str, Path]) -> set[str]:
+    """The modules of ours that the import statements among ``nodes`` (of module ``name``) name."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
+    for node in nodes:
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -161,18 +165,8 @@ def runtime_room(module: str) -> str:
 def import_time_imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     """Modules of ours ``name`` imports when it is imported: its top level (a ``try`` included), not a
     function's body, not ``TYPE_CHECKING``."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found = set()
-    for node in ast.parse(path.read_text()).body:
-        for sub in node.body if isinstance(node, ast.Try) else [node]:
-            if isinstance(sub, ast.Import):
-                found |= {alias.name for alias in sub.names}
-            elif isinstance(sub, ast.ImportFrom):
-                base = sub.module or ""
-                if sub.level:
-                    base = ".".join([*package.split(".")[: len(package.split(".")) - sub.level + 1], *filter(None, [sub.module])])
-                found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in sub.names}
-    return {target for target in found if target in known and target != name}
+    top = [sub for node in ast.parse(path.read_text()).body for sub in (node.body if isinstance(node, ast.Try) else [node])]
+    return imported(name, path, top, known)
 
 
 def test_each_room_of_the_runtime_imports_only_what_its_rules_allow():
