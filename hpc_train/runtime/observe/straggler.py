@@ -396,21 +396,9 @@ def _median(values: Sequence[float]) -> float:
     return ranked[mid] if len(ranked) % 2 else (ranked[mid - 1] + ranked[mid]) / 2
 
 
-def monitor(
-    *,
-    rank: int,
-    world_size: int,
-    gather: Callable[[Any], list[Any]],
-    seconds: Callable[[list[Any]], float],
-    settle: Callable[[], None] = lambda: None,
-    gather_numbers: Callable[[float | None], list[float | None]] | None = None,
-    folder: Path | None = None,
-    run: int = 1,
-    group: Any = None,
-    environ: Mapping[str, str] | None = None,
-    samples: bool = False,
-) -> StragglerMonitor | None:
-    """The monitor for this process; None when off or alone (nobody to compare with).
+def monitor(*, rank: int, world_size: int, environ: Mapping[str, str] | None = None, **given: Any) -> StragglerMonitor | None:
+    """The monitor for this process (``given``: StragglerMonitor's keywords); None when off or alone
+    (nobody to compare with).
 
     Every rank reads the same job environment, so every rank decides the same way: a monitor on some
     ranks only would leave the others waiting in its gather.
@@ -422,16 +410,4 @@ def monitor(
             _log(message)
     if found.threshold is None or world_size < 2:
         return None
-    return StragglerMonitor(
-        found,
-        rank=rank,
-        world_size=world_size,
-        gather=gather,
-        seconds=seconds,
-        settle=settle,
-        gather_numbers=gather_numbers,
-        folder=folder,
-        run=run,
-        group=group,
-        samples=samples,
-    )
+    return StragglerMonitor(found, rank=rank, world_size=world_size, **given)
