@@ -24,7 +24,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import re
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_train import contract
+from hpc_train import log_lines as lines
 from hpc_train.jobs.poll import RunOutcome
 
 CAUSES = {  # key -> label, in the order the report lists them
@@ -234,11 +234,13 @@ def _committed_steps(folder: Path) -> set[int]:
 
 
 # -- the batch log -------------------------------------------------------------------------------
-_RUN_BEGINS = re.compile(r"hpc_train: run (\d+) of job \S+ on (\S+) at (\S+)")
-_RUN_FAILED = re.compile(r"hpc_train: run (\d+) failed \(exit (\d+)\)(.*)")
-_RUN_STOPS = re.compile(r"hpc_train: run (\d+): stopping at step (\d+): (.*)")
-_SAVED = re.compile(r"hpc_train: saved step (\d+) to ")
-_NOT_STARTED = re.compile(r"hpc_train: restart budget exhausted: .* not starting run (\d+)")
+# what the report says followed a run's failure, by the line that said it (hpc_train.log_lines)
+_FOLLOWED = {
+    lines.RESTARTING: "restarted inside the allocation",
+    lines.REQUEUEING: "requeued",
+    lines.BUDGET_SPENT: "not retried: restart budget exhausted",
+    lines.NOT_RETRIED: "not retried: {why}",
+}
 
 
 def log_paths(folder: Path, job_id: str = "") -> list[Path]:
@@ -258,29 +260,21 @@ def read_batch_log(folder: Path, job_id: str = "", notes: list[str] | None = Non
 
 
 def parse_log_line(line: str, log: BatchLog) -> None:
-    if m := _RUN_BEGINS.search(line):
-        log.starts[int(m[1])] = (_iso(m[3]), m[2])
-    elif m := _RUN_FAILED.search(line):
-        log.failures[int(m[1])] = (int(m[2]), _what_followed(m[3]))
-    elif m := _RUN_STOPS.search(line):
-        log.stops[int(m[1])] = (int(m[2]), m[3].strip())
-    elif m := _SAVED.search(line):
-        log.saves.add(int(m[1]))
-    elif m := _NOT_STARTED.search(line):
-        log.not_started = int(m[1])
-
-
-def _what_followed(rest: str) -> str:
-    """The end of a failure line, in the report's words."""
-    if "restarting inside the allocation" in rest:
-        return "restarted inside the allocation"
-    if "restart budget exhausted" in rest:
-        return "not retried: restart budget exhausted"
-    if "not requeueing" in rest:
-        return "not retried: " + rest.lstrip(":; ").split("; not requeueing")[0]
-    if "requeueing" in rest:
-        return "requeued"
-    return ""
+    if "hpc_train: " not in line:
+        return
+    if fields := lines.RUN_BEGINS.parse(line):
+        log.starts[int(fields["run"])] = (_iso(str(fields["at"])), str(fields["host"]))
+    elif fields := lines.STOPPING.parse(line):
+        log.stops[int(fields["run"])] = (int(fields["step"]), str(fields["reason"]).strip())
+    elif fields := lines.SAVED.parse(line):
+        log.saves.add(int(fields["step"]))
+    elif fields := lines.NOT_STARTED.parse(line):
+        log.not_started = int(fields["run"])
+    else:
+        for failure, followed in _FOLLOWED.items():
+            if fields := failure.parse(line):
+                log.failures[int(fields["run"])] = (int(fields["status"]), followed.format(**fields))
+                return
 
 
 def _iso(text: str) -> float | None:

@@ -15,6 +15,7 @@ import jinja2
 from hpc_train import contract
 from hpc_train._resources import builtin_dir, cache_dir
 from hpc_train.contract import FILES
+from hpc_train.log_lines import LINES
 from hpc_train.errors import Problem, TemplateError
 from hpc_train.plugin.backend import Raw
 from hpc_train.submission.job_plan import JobPlan
@@ -86,6 +87,7 @@ def context(plan: JobPlan) -> dict[str, object]:
         "container": container_words(plan),
         "plan": plan,
         "files": FILES,  # the job folder's file names (hpc_train.contract)
+        "lines": LINES,  # the log lines the login side reads back (hpc_train.log_lines)
         "version": __version__,
         "site": plan.site,
         "job": plan.job,

@@ -22,7 +22,6 @@ from hpc_train.runtime.checkpoint.manager import COMMIT
 from hpc_train.runtime.observe import metrics, straggler
 from hpc_train.runtime.supervise import between_runs, suspects, watchdog
 from hpc_train.runtime.supervise.hang_report import Culprit
-from tests.conftest import REPO
 
 T0 = 1_700_000_000.0
 
@@ -375,24 +374,3 @@ def test_sacct_that_is_missing_is_a_note(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no sacct here
     found, why = goodput.sacct_allocations("77")
     assert found is None and why is not None and "sacct not found" in why
-
-
-def test_the_batch_script_still_says_what_the_log_parser_reads():
-    template = (REPO / "templates" / "sbatch" / "base.sh.j2").read_text()
-    for said in (
-        '"hpc_train: run ${HPC_TRAIN_RUN} of job ${SLURM_JOB_ID} on $(hostname) at $(date -Is)',
-        '"hpc_train: run ${HPC_TRAIN_RUN} failed (exit ${status}); restarting inside the allocation"',
-        '"hpc_train: run ${HPC_TRAIN_RUN} failed (exit ${status}); requeueing"',
-        'not starting run ${HPC_TRAIN_RUN}"',
-        'echo "${HPC_TRAIN_RUN} ${status} ended" >',
-    ):
-        assert said in template, said
-    log = goodput.BatchLog()
-    goodput.parse_log_line("hpc_train: run 3 of job 9 on n4 at 2024-05-01T12:00:00+00:00 (restart budget 3)", log)
-    goodput.parse_log_line(
-        "hpc_train: run 3 failed (exit 1): run 3 was a restart and failed without getting past "
-        "step 100; not requeueing: it would fail the same way",
-        log,
-    )
-    assert log.starts[3][1] == "n4" and log.starts[3][0] == pytest.approx(1714564800)
-    assert log.failures[3] == (1, "not retried: run 3 was a restart and failed without getting past step 100")

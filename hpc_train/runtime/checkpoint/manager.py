@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpc_train import contract
+from hpc_train import contract, log_lines
 from hpc_train.contract import COMMIT, committed
 from hpc_train.runtime.checkpoint import commit as commit_marker
 from hpc_train.runtime.checkpoint import files as checkpoint_files
@@ -468,7 +468,7 @@ class Checkpointer:
                 shutil.rmtree(final, ignore_errors=True)
             return self._failure(step, exc, self._needed(share.needed))
         self._prune()
-        log(f"saved step {step} to {final}")
+        log(log_lines.SAVED.text(step=step, where=final))
         return None
 
     def _commit_local(self, share: shard_save.Share, reports: list[Any]) -> None:
@@ -483,7 +483,7 @@ class Checkpointer:
             failure = self._failure(share.step, exc, self._needed(share.needed), f"on {socket.gethostname()}")
         self._agree_on(failure)
         if self.ctx.is_main:
-            log(f"saved step {share.step} to node-local storage ({self.tier.root if self.tier else ''})")
+            log(log_lines.SAVED.text(step=share.step, where=f"node-local storage ({self.tier.root if self.tier else ''})"))
             commit_marker.write_json(self.folder / contract.LOCAL_NEWEST, {"step": share.step})
         assert self.tier is not None
         self.tier.start_drain(share.step, share.tmp.name.rsplit(".tmp-", 1)[1])
@@ -621,7 +621,7 @@ class Checkpointer:
         self.wait()  # on shared storage too: the requeued job may start on other nodes
         code = 0
         if self.ctx.is_main:
-            log(f"run {self.run}: stopping at step {step}: {reason}")
+            log(log_lines.STOPPING.text(run=self.run, step=step, reason=reason))
             if self.max_restarts is not None and self.run > self.max_restarts:
                 message = (
                     f"restart budget exhausted ({self.max_restarts} restarts); step {step} is saved in {self.folder}, "
