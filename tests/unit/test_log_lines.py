@@ -72,6 +72,7 @@ def test_what_the_batch_script_prints_is_read_back_field_for_field(plugins, tmp_
         (log_lines.SAVED, {"step": 40, "where": "node-local storage (/tmp/hpc_train-local/77)"}),
         (log_lines.STOPPING, {"run": 2, "step": 120, "reason": "time limit near (SIGUSR1)"}),
     ],
+    ids=["saved-shared", "saved-node-local", "stopping"],
 )
 def test_what_the_runtime_writes_is_read_back(line, values, capsys):
     from hpc_train.runtime.log import log
