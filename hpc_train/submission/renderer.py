@@ -15,8 +15,8 @@ import jinja2
 from hpc_train import contract
 from hpc_train._resources import builtin_dir, cache_dir
 from hpc_train.contract import FILES
-from hpc_train.log_lines import LINES
 from hpc_train.errors import Problem, TemplateError
+from hpc_train.log_lines import LINES
 from hpc_train.plugin.backend import Raw
 from hpc_train.submission.job_plan import JobPlan
 from hpc_train.submission.shell import join, join_lines, quote, sbatch_line

@@ -527,3 +527,14 @@ def test_an_after_type_without_after_is_refused(plugins):
         plan(plugins, site="sandbox", after_type="afterany")
     assert "--after-type: afterany says how the --after jobs must end, and none is given" in str(info.value)
     assert dict(plan(plugins, site="sandbox", after="7", after_type="afterany").directives)["dependency"] == "afterany:7"
+
+
+def test_every_rule_is_a_check_of_the_plans_facts_that_says_what_it_guards():
+    import inspect
+
+    from hpc_train.submission.plan_checks import CHECKS
+
+    assert len(CHECKS) == len({c.__name__ for c in CHECKS}) >= 14
+    for check in CHECKS:
+        assert list(inspect.signature(check).parameters) == ["f"], check.__name__
+        assert check.__doc__ and check.__name__.startswith("check_"), check.__name__
