@@ -393,71 +393,69 @@ def plot(m: Metrics, out_dir: str | Path, title: str | None = None) -> list[Path
     job_id = m.runs[-1].info.get("job_id") if m.runs else None
     title = title or (f"job {job_id}" if job_id else m.path.parent.parent.name)
     steady = m.steady
-    figures: list[tuple[str, str, str, list[tuple[int, float]], dict[str, Any]]] = []
     loss = [(r["step"], r["loss"]) for r in m.rows if r.get("loss") is not None]
-    figures.append(("loss", "Training loss", "loss (rank 0's batch)", loss, {"log_ok": True}))
     rate = [(r["step"], r["samples_per_s"]) for r in steady if r.get("samples_per_s") is not None]
     median_rate = statistics.median(y for _, y in rate) if rate else 0.0
-    figures.append(
-        (
+    comm = [(r["step"], 100.0 * r["comm_share"]) for r in steady if r.get("comm_share") is not None]
+    total = sum(r.get("comm_s", 0.0) for r in steady) / max(1e-12, sum(r["step_s"] for r in steady)) * 100
+    util = [(r["step"], r["gpu_util"]) for r in m.rows if "gpu_util" in r]
+    figures = [
+        Figure("loss", "Training loss", "loss (rank 0's batch)", loss, log_ok=True),
+        Figure(
             "throughput",
             "Throughput",
             "samples / second (all ranks)",
             rate,
-            {"reference": (f"median {median_rate:,.0f} samples/s", median_rate), "robust": True},
-        )
-    )
-    comm = [(r["step"], 100.0 * r["comm_share"]) for r in steady if r.get("comm_share") is not None]
-    total = sum(r.get("comm_s", 0.0) for r in steady) / max(1e-12, sum(r["step_s"] for r in steady)) * 100
-    figures.append(
-        (
+            reference=(f"median {median_rate:,.0f} samples/s", median_rate),
+            robust=True,
+        ),
+        Figure(
             "comm_share",
             "Time in gradient communication",
             "share of step time",
             comm,
-            {"percent": True, "reference": (f"whole run {total:.1f}%", total)},
-        )
-    )
-    util = [(r["step"], r["gpu_util"]) for r in m.rows if "gpu_util" in r]
-    figures.append(("gpu", "GPU utilisation (rank 0, NVML)", "utilisation", util, {"percent": True}))
-    written = [
-        _figure(m, out / f"{name}.png", f"{heading} — {title}", ylabel, series, COLOURS[name.split("_")[0]], **style)
-        for name, heading, ylabel, series, style in figures
-        if series
+            percent=True,
+            reference=(f"whole run {total:.1f}%", total),
+        ),
+        Figure("gpu", "GPU utilisation (rank 0, NVML)", "utilisation", util, percent=True),
     ]
+    written = [_figure(m, out / f"{f.name}.png", f"{f.heading} — {title}", f) for f in figures if f.series]
     if m.windows:
         written.append(_rank_figure(m, out / "ranks.png", f"Compute time per rank — {title}"))
     return written
 
 
-def _figure(
-    m: Metrics,
-    path: Path,
-    heading: str,
-    ylabel: str,
-    series: list[tuple[int, float]],
-    colour: str,
-    *,
-    percent: bool = False,
-    log_ok: bool = False,
-    reference: tuple[str, float] | None = None,
-    robust: bool = False,
-) -> Path:
+@dataclass(frozen=True)
+class Figure:
+    """One metric to plot over the steps, and how its axis reads."""
+
+    name: str  # the file's name, and its colour (COLOURS by the part before "_")
+    heading: str
+    ylabel: str
+    series: list[tuple[int, float]]
+    percent: bool = False
+    log_ok: bool = False  # a log scale where the values span decades
+    reference: tuple[str, float] | None = None  # a dotted line: its label and value
+    robust: bool = False  # rare spikes clipped from the axis
+
+
+def _figure(m: Metrics, path: Path, heading: str, figure: Figure) -> Path:
     """One metric over the steps: every step faint, smoothed bold, the runs marked; written to ``path``."""
     import matplotlib.pyplot as plt
 
-    xs, ys = [p[0] for p in series], [p[1] for p in series]
+    colour, reference = COLOURS[figure.name.split("_")[0]], figure.reference
+    xs, ys = [p[0] for p in figure.series], [p[1] for p in figure.series]
     fig, ax = plt.subplots(figsize=(9, 4.6), dpi=120, layout="constrained")
     ax.plot(xs, ys, color=colour, alpha=0.28, linewidth=1.0, label="every step")
     if len(ys) > 2:
         ax.plot(xs, smooth(ys), color=colour, linewidth=2.2, label="smoothed")
     if reference:
         ax.axhline(reference[1], color="#555555", linestyle=":", linewidth=1.2, label=reference[0])
-    _y_axis(ax, ys, percent=percent, log_ok=log_ok, robust=robust)
+    _y_axis(ax, ys, percent=figure.percent, log_ok=figure.log_ok, robust=figure.robust)
     _mark_runs(ax, m, xs)
     ax.set_title(heading, fontsize=13, loc="left")
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel(ylabel)
+    ax.set_ylabel(figure.ylabel)
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
