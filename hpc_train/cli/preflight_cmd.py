@@ -30,22 +30,19 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from hpc_train.errors import SchedulerError
-    from hpc_train.fabric.preflight import (
-        evaluate,
-        format_table,
-        read_result,
-        submit_preflight,
-    )
+    from hpc_train.fabric.preflight import PreflightJob, evaluate, format_table, read_result, submit_preflight
 
     profile = (args.nccl_profile or "") + "+debug" if args.nccl_debug else args.nccl_profile
     handle, expect = submit_preflight(
-        site=args.site,
-        nodes=args.nodes,
-        partition=args.partition,
-        nccl_profile=profile,
-        max_size=args.max_size,
-        iters=args.iters,
-        job_root=args.job_root,
+        PreflightJob(
+            site=args.site,
+            nodes=args.nodes,
+            partition=args.partition,
+            nccl_profile=profile,
+            max_size=args.max_size,
+            iters=args.iters,
+            job_root=args.job_root,
+        )
     )
     print(f"preflight: job {handle.job_id} on {args.nodes} node(s); waiting", file=sys.stderr)
     state = handle.wait()

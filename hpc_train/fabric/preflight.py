@@ -142,35 +142,40 @@ def format_table(result: dict[str, Any], verdict: Verdict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def submit_preflight(
-    *,
-    site: str | None,
-    nodes: int,
-    partition: str | None = None,
-    nccl_profile: str | None = None,
-    max_size: str | None = None,
-    iters: int = 5,
-    job_root: str | None = None,
-    time: str = "00:10:00",
-) -> tuple[Any, Preflight]:
+@dataclass(frozen=True)
+class PreflightJob:
+    """What ``preflight`` runs: where, on how many nodes, how far the sizes go and how often each is timed."""
+
+    site: str | None
+    nodes: int
+    partition: str | None = None
+    nccl_profile: str | None = None
+    max_size: str | None = None  # the largest message; default: the partition's (max_size_for)
+    iters: int = 5
+    job_root: str | None = None
+    time: str = "00:10:00"
+
+
+def submit_preflight(job: PreflightJob) -> tuple[Any, Preflight]:
     """Submit the job; returns (handle, the figures it will be judged against)."""
     from hpc_train.api import resolve_site, submit
     from hpc_train.plugin.manager import default_plugins
 
+    site, nodes, partition = job.site, job.nodes, job.partition
     plugins = default_plugins()
     site_config = resolve_site(site, plugins).config
     expect = expected_for(site_config, partition)
     _, part = site_config.partition(partition)
     if nodes < 2 and not (part and part.gpus_per_node > 1):
         raise UsageError("preflight needs at least 2 ranks; a CPU node runs one", "use --nodes 2 or more")
-    size = max_size or max_size_for(site_config, partition)
+    size = job.max_size or max_size_for(site_config, partition)
     options: dict[str, Any] = {
         "site": site,
         "nodes": nodes,
         "partition": partition,
-        "nccl_profile": nccl_profile,
-        "job_root": job_root,
-        "time": time,
+        "nccl_profile": job.nccl_profile,
+        "job_root": job.job_root,
+        "time": job.time,
         "job_name": "hpc_train-preflight",
         "backend": "torchrun",
         "requeue": False,
@@ -180,7 +185,7 @@ def submit_preflight(
         "--max-size",
         size,
         "--iters",
-        str(iters),
+        str(job.iters),
         plugins=plugins,
         **{k: v for k, v in options.items() if v is not None},
     )

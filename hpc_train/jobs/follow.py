@@ -85,17 +85,14 @@ def print_logs(handle: JobHandle, stream: str = "stdout", out: TextIO | None = N
     return found
 
 
-def follow(
-    handle: JobHandle,
-    rank: int = 0,
-    stream: str = "stdout",
-    out: TextIO | None = None,
-    poll_s: float = 0.5,
-    state_every_s: float = 2.0,
-    all_ranks: bool = False,
-) -> str:
+# how often the logs are read, and the job's state asked (at most: the requeue-aware rule may confirm sooner)
+POLL_S = 0.5
+STATE_EVERY_S = 2.0
+
+
+def follow(handle: JobHandle, rank: int = 0, stream: str = "stdout", out: TextIO | None = None, all_ranks: bool = False) -> str:
     """Print the log(s) as they grow until the job ends; return the final state."""
-    out = out or sys.stdout
+    out, poll_s, state_every_s = out or sys.stdout, POLL_S, STATE_EVERY_S
     files = sources(handle, rank, stream, all_ranks)
     poller = JobPoller(handle, state_every_s, max_poll_s=state_every_s)
     next_look = 0.0
