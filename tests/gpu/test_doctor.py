@@ -24,7 +24,7 @@ def test_doctor_sees_the_gpu_and_a_cuda_torch(tmp_path, where):
         [report] = report
     checks = {check["name"]: check for check in report["checks"]}
     gpus = checks["gpus"]
-    # hpc_train/fabric/doctor.py, check_gpus: "N x MODEL (MEM GB), driver D, CUDA C"
+    # hpc_train/fabric/doctor/gpus.py, check_gpus: "N x MODEL (MEM GB), driver D, CUDA C"
     found = re.match(r"(\d+) x (.+?)(?: \(\d+ GB\))?, driver (\S+), CUDA (\S+)$", gpus["summary"])
     assert gpus["status"] == "ok" and found, gpus
     assert int(found.group(1)) >= torch.cuda.device_count() >= 1  # nvidia-smi lists the node's, torch the visible ones

@@ -153,12 +153,12 @@ def test_missing_torch_is_a_warning_on_a_login_node_and_a_failure_in_a_job():
 
 
 def test_doctor_on_a_login_node_without_torch_passes_with_warnings(plugins, monkeypatch):
-    monkeypatch.setattr(doctor, "torch_build", lambda: (None, None))
+    monkeypatch.setattr(doctor.versions, "torch_build", lambda: (None, None))
 
     def not_installed(dist):
-        raise doctor.importlib.metadata.PackageNotFoundError(dist)
+        raise doctor.versions.importlib.metadata.PackageNotFoundError(dist)
 
-    monkeypatch.setattr(doctor.importlib.metadata, "version", not_installed)  # no torch, so no backend is ready
+    monkeypatch.setattr(doctor.versions.importlib.metadata, "version", not_installed)  # no torch, so no backend is ready
     backends = {name: plugins.backend(name) for name in ("torchrun", "mpi")}
     no_gpu = lambda cmd: (None, "")  # noqa: E731  (nvidia-smi and sinfo not found)
     login = by_name(doctor.diagnose(NodeFacts(), run=no_gpu, sys_root=Path("/nonexistent"), backends=backends).checks)

@@ -98,7 +98,7 @@ def _watch_plain_scripts(contract: types.ModuleType) -> None:
     hpc_train_watch.install()
 
 
-# torch.distributed's flight recorder under both the names torch has used (submission/plan.py sets both,
+# torch.distributed's flight recorder under both the names torch has used (submission/plan_env.py sets both,
 # not knowing the job's torch); a torch that knows the new one warns about the old in every rank's log
 OLD_RECORDER, NEW_RECORDER = "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE"
 WARNS_OF_OLD = (2, 13)  # the oldest torch seen to read the new name and warn of the old (it may be older)
