@@ -389,7 +389,7 @@ class DeepSpeed(Backend):
     cli_options = (CliOption("--deepspeed-config", "config", "your ds_config; the job's settings are merged over it", "JSON"),)
     summary = "DeepSpeed (ZeRO) without ssh: srun one task per process; ds_config from the job"
     Options = DeepSpeedOptions
-    runtime = "hpc_train_plugins.deepspeed_runtime:DeepSpeedRuntime"
+    runtime = "hpc_train_backends.deepspeed_runtime:DeepSpeedRuntime"
     supports_comm_hook = False
     fixed_micro_batch = (
         "the engine fixes train_micro_batch_size_per_gpu and gradient_accumulation_steps from its config when it is "

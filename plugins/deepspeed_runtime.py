@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hpc_train_plugins import deepspeed_async, deepspeed_reshard
+from hpc_train_backends import deepspeed_async, deepspeed_reshard
 
 from hpc_train.contract import ENV_CHECKPOINT_DIR, ENV_PARALLEL
 from hpc_train.runtime.engine.backend import BackendRuntime
@@ -41,7 +41,7 @@ class DeepSpeedRuntime(BackendRuntime):
 
     def ds_config(self) -> dict[str, Any]:
         """The config the job wrote; built from the runtime options when run outside hpc_train's launch."""
-        from hpc_train_plugins.deepspeed import CONFIG_ENV, DeepSpeedOptions, build_ds_config
+        from hpc_train_backends.deepspeed import CONFIG_ENV, DeepSpeedOptions, build_ds_config
 
         raw = os.environ.get(CONFIG_ENV)
         if raw:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from hpc_train_plugins.mpi import MpiLaunched
+from hpc_train_backends.mpi import MpiLaunched
 
 from hpc_train import Backend, LaunchInfo, hookimpl
 from hpc_train.config.fields import Ge, Gt, Model, setting
@@ -26,7 +26,7 @@ class Horovod(MpiLaunched):
     requires = ("torch", "horovod")
     summary = "Horovod: hvd.DistributedOptimizer over MPI ranks (srun --mpi=pmix, one task per process)"
     Options = HorovodOptions
-    runtime = "hpc_train_plugins.horovod_runtime:HorovodRuntime"
+    runtime = "hpc_train_backends.horovod_runtime:HorovodRuntime"
     fixed_micro_batch = (
         "hvd.DistributedOptimizer fixes its backward passes per step when it is built and starts its all-reduces "
         "during backward, where a rank out of memory would leave the others waiting; use --grad-accum"

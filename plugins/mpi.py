@@ -42,7 +42,7 @@ class Mpi(MpiLaunched):
     requires = ("torch", "mpi4py")
     summary = "MPI ranks (mpi4py): srun --mpi=pmix, one task per process; gradients averaged with MPI_Allreduce"
     Options = MpiOptions
-    runtime = "hpc_train_plugins.mpi_runtime:MpiRuntime"
+    runtime = "hpc_train_backends.mpi_runtime:MpiRuntime"
 
 
 @hookimpl

@@ -32,7 +32,7 @@ class Torchrun(Backend):
     parallel_axes = ("dp", "tp", "pp")  # the runtime builds a device mesh over these (--parallel)
     summary = "PyTorch DDP through torchrun: one launcher per node, c10d rendezvous on the first node"
     Options = TorchrunOptions
-    runtime = "hpc_train_plugins.torchrun_runtime:TorchrunRuntime"
+    runtime = "hpc_train_backends.torchrun_runtime:TorchrunRuntime"
     supports_comm_hook = True  # its runtime wraps the model in DDP, which takes communication hooks
     options: TorchrunOptions
 

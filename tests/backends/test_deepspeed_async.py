@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from hpc_train_plugins.deepspeed_async import DeferredWrites
+from hpc_train_backends.deepspeed_async import DeferredWrites
 
 
 class Scaler:

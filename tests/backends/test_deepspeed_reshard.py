@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from hpc_train_plugins import deepspeed_reshard
+from hpc_train_backends import deepspeed_reshard
 
 
 def stepped(optimizer_class, **kwargs):

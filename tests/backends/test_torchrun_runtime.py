@@ -40,7 +40,7 @@ def _train(runtime_cls: type, rank: int) -> list[float]:
 
 def _worker(rank: int, port: int, folder: str) -> None:
     torch.set_num_threads(1)
-    from hpc_train_plugins.torchrun_runtime import TorchrunRuntime
+    from hpc_train_backends.torchrun_runtime import TorchrunRuntime
 
     from hpc_train.runtime.engine.backend import AllReduceRuntime
 

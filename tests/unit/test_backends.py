@@ -156,8 +156,8 @@ def test_backend_modules_import_no_framework():
     import subprocess
 
     code = (
-        "import sys; import hpc_train_plugins.deepspeed, hpc_train_plugins.horovod, hpc_train_plugins.mpi, "
-        "hpc_train_plugins.torchrun; print(sorted(m for m in ('torch','deepspeed','horovod','mpi4py') if m in sys.modules))"
+        "import sys; import hpc_train_backends.deepspeed, hpc_train_backends.horovod, hpc_train_backends.mpi, "
+        "hpc_train_backends.torchrun; print(sorted(m for m in ('torch','deepspeed','horovod','mpi4py') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "[]", out.stderr

@@ -37,7 +37,7 @@ def test_listed_once_then_read_from_the_cache(tmp_path):
     fake_dist(folder, "acme-plugin", "acme = acme_mod")
     cold = probe([str(folder)])
     assert ["acme", "acme_mod", "acme-plugin", "1.0"] in cold["eps"]
-    assert ["torchrun", "hpc_train_plugins.torchrun", "hpc_train", "0.1.0"] in cold["eps"]
+    assert ["torchrun", "hpc_train_backends.torchrun", "hpc_train", "0.1.0"] in cold["eps"]
     warm = probe([str(folder)])
     assert warm["eps"] == cold["eps"] and not warm["metadata"]
 

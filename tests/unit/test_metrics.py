@@ -110,7 +110,7 @@ def test_every_step_is_written_with_loss_samples_and_extras_and_each_reader_load
 
 def test_ddp_comm_hook_times_each_bucket_and_keeps_the_chosen_compression(tmp_path):
     import torch.distributed as dist
-    from hpc_train_plugins.torchrun_runtime import TorchrunRuntime  # DDP is the torchrun backend's
+    from hpc_train_backends.torchrun_runtime import TorchrunRuntime  # DDP is the torchrun backend's
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)

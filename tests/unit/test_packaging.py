@@ -14,7 +14,7 @@ def test_wheel_installs_into_a_fresh_venv_and_renders(tmp_path, hpc_train_wheel)
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "hpc_train/templates/sbatch/base.sh.j2" in names
     assert {"hpc_train/site_configs/bluecloud.yaml", "hpc_train/site_configs/local.yaml"} <= names
-    assert {"hpc_train_plugins/torchrun.py", "hpc_train_plugins/torchrun_runtime.py"} <= names  # each plugin module
+    assert {"hpc_train_backends/torchrun.py", "hpc_train_backends/torchrun_runtime.py"} <= names  # each plugin module
     assert not any(name.startswith("tests/") for name in names)
 
     venv = tmp_path / "venv"

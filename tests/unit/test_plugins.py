@@ -133,7 +133,7 @@ def test_the_core_never_imports_the_builtin_plugins():
 
     from tests.conftest import REPO
 
-    imports = re.compile(r"^\s*(from|import)\s+hpc_train_plugins\b|import_module\([\"']hpc_train_plugins", re.M)
+    imports = re.compile(r"^\s*(from|import)\s+hpc_train_backends\b|import_module\([\"']hpc_train_backends", re.M)
     offenders = [str(p.relative_to(REPO)) for p in (REPO / "hpc_train").rglob("*.py") if imports.search(p.read_text())]
     assert offenders == [], f"core modules import plugins/: {offenders}"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hpc_train_plugins.torchrun_runtime import TorchrunRuntime
+from hpc_train_backends.torchrun_runtime import TorchrunRuntime
 
 from hpc_train import Backend, hookimpl
 from hpc_train.plugin import manager

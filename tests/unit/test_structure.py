@@ -12,7 +12,7 @@ LONGEST = 60  # lines, decorators excluded: a function a reader sees at once
 LOGIN_SIDE = ("cli", "submission", "jobs", "sweeps", "config", "plugin", "fabric")
 
 
-PACKAGES = {"hpc_train": "hpc_train", "plugins": "hpc_train_plugins"}  # folder -> the name it is imported as
+PACKAGES = {"hpc_train": "hpc_train", "plugins": "hpc_train_backends"}  # folder -> the name it is imported as
 
 
 def modules(folder: str = "hpc_train") -> dict[str, Path]:
@@ -79,7 +79,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def graph(typing: bool = False) -> dict[str, set[str]]:
-    """Every module of hpc_train/ and plugins/ (as hpc_train_plugins) and the modules of ours it imports;
+    """Every module of hpc_train/ and plugins/ (as hpc_train_backends) and the modules of ours it imports;
     a package is its ``__init__``, so a circle through one is a circle here."""
     known = {**modules("hpc_train"), **modules("plugins")}
     return {name: imports(name, path, known, typing) for name, path in known.items()}
@@ -104,7 +104,7 @@ ANNOTATION_CIRCLE = {
 def test_no_import_cycles_between_modules():
     edges = graph()
     assert "hpc_train.contract" in edges["hpc_train.runtime.supervise.watchdog"]  # the scan sees imports
-    assert "hpc_train.runtime.engine.backend" in edges["hpc_train_plugins.torchrun_runtime"]  # and plugins/
+    assert "hpc_train.runtime.engine.backend" in edges["hpc_train_backends.torchrun_runtime"]  # and plugins/
     assert not cycles(edges), cycles(edges)
 
 
@@ -199,4 +199,4 @@ def test_the_core_never_imports_the_built_in_plugins():
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
             names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            assert not [n for n in names if n.split(".")[0] in ("plugins", "hpc_train_plugins")], path
+            assert not [n for n in names if n.split(".")[0] in ("plugins", "hpc_train_backends")], path
