@@ -34,14 +34,35 @@ DEFAULT_LOCAL_TIMEOUT_MIN = 7 * 24 * 60
 
 
 class TemplateSlurmExecutor(submitit.SlurmExecutor):
-    """submitit's Slurm executor whose submission file is hpc_train's rendered template."""
+    """submitit's Slurm executor whose submission file is hpc_train's rendered template, queued held.
 
-    def __init__(self, folder: str, render: Callable[[str], str], python: str) -> None:
+    The job's logs go into its own folder (``<job root>/%j/``), which submitit makes only once sbatch has
+    said the job's id. On an idle cluster the job can start within milliseconds of sbatch, before that
+    folder exists: Slurm cannot open the log, and the job fails at once without a line written (seen on
+    the sandbox, 2 ms between submission and start). So sbatch queues it held; ``release`` lets it go once
+    the folder is there. (A sweep's array makes its folders before sbatch: it is not held.)"""
+
+    def __init__(self, folder: str, render: Callable[[str], str], python: str, hold: bool = False) -> None:
         super().__init__(folder, python=python)
-        self._render = render
+        self._render, self._hold = render, hold
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
         return self._render(command)
+
+    def _make_submission_command(self, submission_file_path: Path) -> list[str]:
+        return ["sbatch", *(["--hold"] if self._hold else []), str(submission_file_path)]
+
+
+def release(job: Any, slurm_conf: str | None) -> None:
+    """Let a job queued held go, now that its folder exists (TemplateSlurmExecutor)."""
+    Path(job.paths.folder).mkdir(parents=True, exist_ok=True)
+    done = slurm_cmd.run(["scontrol", "release", str(job.job_id)], slurm_conf, timeout=30)
+    if done.returncode != 0:
+        raise SchedulerError(
+            ["scontrol", "release", str(job.job_id)],
+            f"job {job.job_id} is queued held and could not be released: {(done.stderr or done.stdout).strip()}",
+            f"release it yourself: scontrol release {job.job_id} (or cancel it: scancel {job.job_id})",
+        )
 
 
 class LocalScript:
@@ -153,7 +174,8 @@ def _submit_slurm(plan: JobPlan, render: Callable[[JobPlan], str], fn: Any, args
         return render(dataclasses.replace(plan, function_command=command if plan.kind == "function" else None))
 
     _make_job_root(plan)
-    executor = TemplateSlurmExecutor(plan.folder, render_with, python=plan.python)
+    held = "hold" not in plan.job.sbatch  # --sbatch hold: the user releases it
+    executor = TemplateSlurmExecutor(plan.folder, render_with, python=plan.python, hold=held)
     params: dict[str, Any] = {"nodes": plan.nodes, "ntasks_per_node": plan.tasks_per_node}
     if plan.time_seconds:
         params["time"] = max(1, plan.time_seconds // 60)
@@ -163,14 +185,18 @@ def _submit_slurm(plan: JobPlan, render: Callable[[JobPlan], str], fn: Any, args
             # submitit prints sbatch's stderr before raising it: we say it once, in the error
             if plan.kind == "function":
                 with slurm_cmd.slurm_conf_for_submitit(login_slurm_conf(plan)):
-                    return executor.submit(fn, *args, **kwargs)
-            return submit_script(executor, login_slurm_conf(plan))
+                    job = executor.submit(fn, *args, **kwargs)
+            else:
+                job = submit_script(executor, login_slurm_conf(plan))
     except FailedJobError as exc:
         raise SchedulerError(["sbatch", "<script>"], str(exc), _hint_for(str(exc))) from None
     except FailedSubmissionError as exc:
         raise SchedulerError(["sbatch", "<script>"], str(exc)) from None
     except FileNotFoundError as exc:
         raise SchedulerError("sbatch", str(exc)) from None
+    if held:
+        release(job, login_slurm_conf(plan))
+    return job
 
 
 # sbatch's words when it never reached the controller (as opposed to the controller refusing the job)

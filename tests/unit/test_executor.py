@@ -61,3 +61,26 @@ def test_a_refused_function_job_leaves_no_pickle(refusing, tmp_path):
 def test_a_controller_that_does_not_answer_gets_the_hint(refusing, tmp_path):
     out = submit(refusing(UNREACHABLE), tmp_path / "jobs")
     assert out.returncode == 69 and "is slurmctld up? `scontrol ping` tells" in out.stderr, out.stderr
+
+
+def test_a_job_is_queued_held_and_released_only_once_its_log_folder_exists(tmp_path):
+    """On an idle cluster a job can start within milliseconds of sbatch, before submitit has made the folder
+    its logs go to (seen on the sandbox: Slurm could not open the log and the job failed with no line written).
+    sbatch stands in here to record the order; every cluster test's job goes through the same release."""
+    root, bin_dir, calls = tmp_path / "jobs", tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    write(bin_dir / "sbatch", f'#!/bin/sh\necho "sbatch $*" >> {calls}\necho "Submitted batch job 4242"\n').chmod(0o755)
+    write(bin_dir / "scontrol", f'#!/bin/sh\necho "scontrol $* folder:$(test -d {root}/4242 && echo made)" >> {calls}\n').chmod(
+        0o755
+    )
+    for tool in ("srun", "sacct"):
+        write(bin_dir / tool, "#!/bin/sh\nexit 0\n").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    out = submit(env, root)
+    assert out.returncode == 0, out.stderr
+    sbatch, scontrol = calls.read_text().splitlines()
+    assert sbatch.startswith("sbatch --hold ") and scontrol == "scontrol release 4242 folder:made"
+    held = submit(env, tmp_path / "held", "--sbatch", "hold")  # the user's own hold (#SBATCH --hold): theirs to release
+    assert held.returncode == 0, held.stderr
+    (user_held,) = calls.read_text().splitlines()[2:]  # no release
+    assert user_held.startswith(f"sbatch {tmp_path / 'held'}/"), user_held
