@@ -190,9 +190,10 @@ class SiteRegistry:
         parent.pop("name", None)
         merged = deep_merge(parent, data)
         provenance = dict(parent_prov)
+        # a child that replaces a whole list or scalar owns everything below it
+        replaced = {own_loc for own_loc in own if not isinstance(_get(data, own_loc), dict)}
         for loc in list(provenance):
-            # a child that replaces a whole list or scalar owns everything below it
-            if any(loc[: len(own_loc)] == own_loc and not isinstance(_get(data, own_loc), dict) for own_loc in own):
+            if any(loc[:n] in replaced for n in range(len(loc) + 1)):
                 del provenance[loc]
         provenance.update(own)
         return merged, provenance, chain + [path]

@@ -11,6 +11,7 @@ show that nothing reaches stderr as a traceback there either.
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import os
 import re
@@ -118,7 +119,7 @@ def mappings(data: Any, loc: tuple = ()) -> list[tuple]:
 
 
 def put(data: Any, loc: tuple, value: Any) -> Any:
-    data = yaml.safe_load(yaml.safe_dump(data))  # a deep copy
+    data = copy.deepcopy(data)
     target = data
     for part in loc[:-1]:
         target = target[part]
@@ -127,7 +128,9 @@ def put(data: Any, loc: tuple, value: Any) -> Any:
 
 
 def dump(data: Any) -> bytes:
-    return yaml.safe_dump(data, sort_keys=False, allow_unicode=False).encode()
+    # libyaml's emitter where there is one: the corpus is thousands of files
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return yaml.dump(data, Dumper=dumper, sort_keys=False, allow_unicode=False).encode()
 
 
 def dotted(loc: tuple) -> str:
