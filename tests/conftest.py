@@ -69,11 +69,26 @@ LONGEST_FIRST = (
 )
 
 
+# and among the unit tests (make test-unit runs only them), the next longest before the many short ones
+UNIT_LONGER = (
+    "tests/unit/test_config_fuzz.py",
+    "tests/unit/test_runtime_shutdown.py",
+    "tests/unit/test_memory.py",
+    "tests/unit/test_straggler.py",
+    "tests/unit/test_watchdog.py",
+    "tests/unit/test_data.py",
+    "tests/unit/test_packaging.py",
+    "tests/unit/test_site_plugin_package.py",
+)
+
+
 def _order(item: pytest.Item) -> tuple[int, int]:
     path = item.nodeid.split("::")[0]
     if path in LONGEST_FIRST:
         return (0, LONGEST_FIRST.index(path))
-    return (1, 0) if path.startswith(("tests/e2e/", "tests/backends/", "tests/cluster/")) else (2, 0)
+    if path.startswith(("tests/e2e/", "tests/backends/", "tests/cluster/")):
+        return (1, 0)
+    return (2, UNIT_LONGER.index(path)) if path in UNIT_LONGER else (3, 0)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import atexit
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from hpc_train.jobs import goodput
 from hpc_train.jobs.handle import JobRecord
 from hpc_train.runtime.checkpoint.manager import COMMIT
 from hpc_train.runtime.observe import metrics, straggler
+from hpc_train.runtime.observe.clocks import union_seconds
 from hpc_train.runtime.supervise import between_runs, suspects, watchdog
 from hpc_train.runtime.supervise.hang_report import Culprit
 
@@ -83,8 +83,7 @@ def train(
     """One run of rank 0's recorder: start-up, ``steps`` steps, saves (a stall in the step after each)."""
     clock.sleep(startup_s)
     rec = metrics.MetricsRecorder(folder / contract.METRICS, rank=0, world_size=4, run=run, job_id=job, flush_s=1e9)
-    rec._tb = False  # no TensorBoard (it would import torch) and no Prometheus file: not what is tested
-    rec._last_prom = math.inf
+    rec.tensorboard = rec.prometheus = None  # no TensorBoard (it would import torch), no Prometheus file: not tested here
     rec.start_at(start_step)
     if slow_rank is not None:
 
@@ -97,7 +96,7 @@ def train(
             rank=0,
             world_size=4,
             gather=gather,
-            seconds=metrics.union_seconds,
+            seconds=union_seconds,
             gather_numbers=lambda v: [v, v, v, v * slow_rank],
             folder=folder / contract.METRICS,
             run=run,

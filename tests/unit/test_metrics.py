@@ -11,15 +11,15 @@ import torch
 from hpc_train.runtime.context import Context
 from hpc_train.runtime.engine.backend import BackendRuntime
 from hpc_train.runtime.launch.environment import detect
+from hpc_train.runtime.observe.clocks import union_seconds
 from hpc_train.runtime.observe.metrics import (
     JSONL,
-    PROM,
-    TB_DIR,
     MetricsRecorder,
     batch_size,
     enabled,
-    union_seconds,
 )
+from hpc_train.runtime.observe.prometheus_sink import PROM
+from hpc_train.runtime.observe.tensorboard_sink import TB_DIR
 from hpc_train.runtime.options import RuntimeOptions
 
 

@@ -1,4 +1,5 @@
-"""What a run shows of itself: ``metrics`` (steps.jsonl, TensorBoard, the Prometheus textfile),
+"""What a run shows of itself: ``metrics`` (the recorder: each step's numbers into steps.jsonl) with its
+views ``tensorboard_sink`` and ``prometheus_sink``, its ``clocks``, ``step_values`` and ``gpu_sampler``;
 ``straggler`` (the slow rank and its host) and ``profiling`` (torch traces, nsys ranges). Observers follow
 the checkpointer through ``checkpoint.events`` and change nothing in training.
 
