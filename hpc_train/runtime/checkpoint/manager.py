@@ -40,7 +40,7 @@ from hpc_train.runtime.log import log
 from hpc_train.runtime.supervise import retries
 
 if TYPE_CHECKING:
-    from hpc_train.runtime.context import Context
+    from hpc_train.runtime.views import ContextView
 
 STATE_FILE = "hpc_train.pt"
 ENGINE_DIR = checkpoint_files.ENGINE_DIR
@@ -68,7 +68,7 @@ class Checkpointer:
 
     def __init__(
         self,
-        ctx: Context,
+        ctx: ContextView,
         folder: str | os.PathLike[str] | None = None,
         every: int | None = None,
         keep: int | None = None,

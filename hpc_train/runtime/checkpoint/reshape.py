@@ -25,9 +25,8 @@ from hpc_train.runtime.lifecycle.no_retry import refuse_retry
 from hpc_train.runtime.log import log
 
 if TYPE_CHECKING:
-    from hpc_train.runtime.checkpoint.manager import Checkpointer
-    from hpc_train.runtime.context import Context
     from hpc_train.runtime.data import DistributedLoader
+    from hpc_train.runtime.views import CheckpointerView, ContextView
 
 
 class ResumeError(RuntimeError):
@@ -36,7 +35,7 @@ class ResumeError(RuntimeError):
     repeats = True
 
 
-def shape(ctx: Context) -> dict[str, Any]:
+def shape(ctx: ContextView) -> dict[str, Any]:
     """This job's shape, as a checkpoint records it."""
     runtime = ctx.runtime
     if ctx.parallel is not None and not runtime.owns_parallelism:
@@ -70,12 +69,12 @@ def _loader_record(loader: DistributedLoader) -> dict[str, Any]:
     }
 
 
-def write_shape(folder: Path, ctx: Context) -> None:
+def write_shape(folder: Path, ctx: ContextView) -> None:
     """Into a checkpoint being written (rank 0): renamed into place and committed with the folder."""
     (folder / SHAPE).write_text(json.dumps(shape(ctx), indent=1, sort_keys=True))
 
 
-def source(checkpointer: Checkpointer) -> Path | None:
+def source(checkpointer: CheckpointerView) -> Path | None:
     """The other job's checkpoint folder to restore from: only while this job has none of its own."""
     folder = checkpointer.ctx.options.resume_from
     if not folder or checkpointer.complete():
@@ -83,14 +82,14 @@ def source(checkpointer: Checkpointer) -> Path | None:
     return Path(folder)
 
 
-def _refuse(checkpointer: Checkpointer, message: str) -> ResumeError:
+def _refuse(checkpointer: CheckpointerView, message: str) -> ResumeError:
     if checkpointer.ctx.is_main:
         log(message)
         refuse_retry(checkpointer.no_retry_file, message)
     return ResumeError(message)
 
 
-def check(checkpointer: Checkpointer, path: Path) -> None:
+def check(checkpointer: CheckpointerView, path: Path) -> None:
     """Raise ResumeError when checkpoint ``path`` cannot continue at this job's shape (before it loads)."""
     ctx = checkpointer.ctx
     saved = read_shape(path)
@@ -118,7 +117,7 @@ def _payload_world(path: Path) -> int | None:
         return None
 
 
-def restore_from(checkpointer: Checkpointer, folder: Path) -> int:
+def restore_from(checkpointer: CheckpointerView, folder: Path) -> int:
     """The newest checkpoint in another job's ``folder`` that checks out and loads; its step.
 
     Verified as the job's own are; nothing in ``folder`` is written (a damaged one is skipped, not set
@@ -141,20 +140,20 @@ def restore_from(checkpointer: Checkpointer, folder: Path) -> int:
     raise _refuse(checkpointer, f"{contract.ENV_RESUME_FROM}: no checkpoint in {folder} loads ({'; '.join(failed)})")
 
 
-def adapt(ctx: Context, path: Path) -> None:
+def adapt(ctx: ContextView, path: Path) -> None:
     """Keep the global batch of the run checkpoint ``path`` restored in this job's loaders (now and those made later)."""
     ctx.restored_shape = read_shape(path)
     for index, loader in enumerate(ctx.loaders):
         _adapt_loader(ctx, loader, index)
 
 
-def follow_loader(ctx: Context, loader: DistributedLoader) -> None:
+def follow_loader(ctx: ContextView, loader: DistributedLoader) -> None:
     """A loader made by ``ctx.loader``: recorded in checkpoints, adapted to a shape restored before it."""
     ctx.loaders.append(loader)
     _adapt_loader(ctx, loader, len(ctx.loaders) - 1)
 
 
-def _adapt_loader(ctx: Context, loader: DistributedLoader, index: int) -> None:
+def _adapt_loader(ctx: ContextView, loader: DistributedLoader, index: int) -> None:
     records = (ctx.restored_shape or {}).get("loaders") or []
     if index >= len(records):
         return

@@ -26,7 +26,7 @@ from hpc_train.runtime.options import RuntimeOptions
 from hpc_train.runtime.step.memory import describe, is_oom, optimizer_out_of_memory
 
 if TYPE_CHECKING:
-    from hpc_train.runtime.engine.parallel import ParallelState
+    from hpc_train.runtime.engine.parallel_state import ParallelState
 
 # Up to this many gradients on the CPU, their norm is summed in Python (see gradient_norm).
 FEW_TENSORS = 16

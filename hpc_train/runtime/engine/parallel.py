@@ -21,14 +21,14 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from hpc_train.runtime.engine.parallel_state import ParallelState
 from hpc_train.submission.layout import AXES, ENV_VAR, Layout, parse
 
 if TYPE_CHECKING:
-    from hpc_train.runtime.context import Context
     from hpc_train.runtime.engine.backend import BackendRuntime
+    from hpc_train.runtime.views import ContextView
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -36,37 +36,6 @@ SCHEDULES = ("gpipe", "1f1b")
 def layout_from_env(environ: Mapping[str, str] | None = None, world_size: int | None = None) -> Layout | None:
     raw = (os.environ if environ is None else environ).get(ENV_VAR)
     return parse(raw, world_size=world_size) if raw else None
-
-
-@dataclass(frozen=True)
-class ParallelState:
-    """This rank's place in the mesh and the process groups of its axes."""
-
-    layout: Layout
-    mesh: Any  # torch.distributed.device_mesh.DeviceMesh, dims ("pp", "dp", "tp")
-
-    def _rank(self, axis: str) -> int:
-        return self.mesh.get_local_rank(axis)
-
-    def _group(self, axis: str) -> Any:
-        return self.mesh.get_group(axis)
-
-    dp_rank = property(lambda self: self._rank("dp"))
-    tp_rank = property(lambda self: self._rank("tp"))
-    pp_rank = property(lambda self: self._rank("pp"))
-    stage = pp_rank  # the pipeline stage index
-    dp_size = property(lambda self: self.layout.dp)
-    tp_size = property(lambda self: self.layout.tp)
-    pp_size = property(lambda self: self.layout.pp)
-    num_stages = pp_size
-    dp_group = property(lambda self: self._group("dp"))
-    tp_group = property(lambda self: self._group("tp"))
-    pp_group = property(lambda self: self._group("pp"))
-    is_first_stage = property(lambda self: self.pp_rank == 0)
-    is_last_stage = property(lambda self: self.pp_rank == self.layout.pp - 1)
-
-    def __repr__(self) -> str:
-        return f"ParallelState({self.layout}, dp_rank={self.dp_rank}, tp_rank={self.tp_rank}, stage={self.stage})"
 
 
 def build_mesh(layout: Layout, device_type: str) -> ParallelState:
@@ -173,7 +142,7 @@ def average_gradients(model: Any, state: ParallelState) -> None:
     average_in_place([_local(p.grad) for p in model.parameters() if p.grad is not None], state.dp_size, state.dp_group)
 
 
-def _require(ctx: Context) -> ParallelState:
+def _require(ctx: ContextView) -> ParallelState:
     state = ctx.parallel
     if state is None:
         raise RuntimeError(f"no parallel layout: submit with --parallel (it sets {ENV_VAR}), e.g. --parallel dp=2,tp=2")
@@ -192,7 +161,7 @@ def _style(value: Any) -> Any:
     return value
 
 
-def tensor_parallel(ctx: Context, module: Any, plan: Mapping[str, Any]) -> Any:
+def tensor_parallel(ctx: ContextView, module: Any, plan: Mapping[str, Any]) -> Any:
     """Shard ``module``'s submodules over the tp group: ``{"mlp.fc1": "colwise", "mlp.fc2": "rowwise"}``.
 
     Values may be ParallelStyle objects (ColwiseParallel(...), PrepareModuleInput, ...). Weights are
@@ -231,7 +200,7 @@ class Pipeline:
     backward over the micro-batches; call ``ctx.step()`` after it as usual."""
 
     def __init__(
-        self, ctx: Context, layers: Sequence[Any], loss_fn: Callable[..., Any], microbatches: int, schedule: str = "gpipe"
+        self, ctx: ContextView, layers: Sequence[Any], loss_fn: Callable[..., Any], microbatches: int, schedule: str = "gpipe"
     ) -> None:
         from torch.distributed.pipelining import (
             PipelineStage,
@@ -271,7 +240,7 @@ class Pipeline:
 
 
 def pipeline(
-    ctx: Context, layers: Sequence[Any], loss_fn: Callable[..., Any], *, microbatches: int, schedule: str = "gpipe"
+    ctx: ContextView, layers: Sequence[Any], loss_fn: Callable[..., Any], *, microbatches: int, schedule: str = "gpipe"
 ) -> Any:
     """This rank's pipeline stage of ``layers`` (split evenly), with a GPipe or 1F1B schedule.
 
@@ -282,7 +251,7 @@ def pipeline(
     return Pipeline(ctx, layers, loss_fn, microbatches, schedule)
 
 
-def dp_all_reduce_mean(ctx: Context, tensor: Any) -> Any:
+def dp_all_reduce_mean(ctx: ContextView, tensor: Any) -> Any:
     """The mean of ``tensor`` over the data-parallel group (e.g. a loss to report)."""
     import torch.distributed as dist
 

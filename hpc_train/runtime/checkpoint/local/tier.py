@@ -36,7 +36,7 @@ from hpc_train.runtime.checkpoint.local.peer_copy import HELD, Client, PeerError
 from hpc_train.runtime.log import log
 
 if TYPE_CHECKING:
-    from hpc_train.runtime.context import Context
+    from hpc_train.runtime.views import ContextView
 
 
 def local_base(environ: Mapping[str, str]) -> Path | None:
@@ -144,7 +144,7 @@ def _copy(source: Path, target: Path, digest: str, algorithm: str) -> None:
 class Tier:
     """One rank's part of the node-local tier (the node's first rank does the node's file work)."""
 
-    def __init__(self, ctx: Context, base: Path, shared: Path, keep: int) -> None:
+    def __init__(self, ctx: ContextView, base: Path, shared: Path, keep: int) -> None:
         """Every rank calls it (a collective): the node leaders start their servers and trade addresses."""
         self.ctx = ctx
         named: tuple[str, str] = ("", "")
