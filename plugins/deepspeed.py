@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 from hpc_train import (
     Backend,
@@ -244,8 +244,10 @@ def _multiples(train: int, share: int) -> str:
     return _either([n for n in (below, below + share) if n >= share])
 
 
-def _derive(train: int, known: int, known_key: str, derived_key: str, procs: Processes, said: dict[str, str], source: str) -> int:
-    """``derived_key`` = train_batch_size / (``known_key`` x data-parallel size), or a problem saying what fits."""
+def _derive(train: int, given: tuple[str, int], derived_key: str, procs: Processes, said: dict[str, str], source: str) -> int:
+    """``derived_key`` = train_batch_size / (``given``'s value x data-parallel size), or a problem saying what fits.
+    ``given``: the batch number that is known, and its value."""
+    known_key, known = given
     value, left = divmod(train, known * procs.data_parallel)
     if value >= 1 and not left:
         return value
@@ -310,9 +312,9 @@ def settle_batch(
     if MICRO not in stated:
         accum = stated.get(ACCUM, 1)
         said = {**said, ACCUM: said[ACCUM] if ACCUM in stated else "DeepSpeed's default"}
-        config[MICRO], config[ACCUM] = _derive(train, accum, ACCUM, MICRO, procs, said, source), accum
+        config[MICRO], config[ACCUM] = _derive(train, (ACCUM, accum), MICRO, procs, said, source), accum
     elif ACCUM not in stated:
-        config[ACCUM] = _derive(train, stated[MICRO], MICRO, ACCUM, procs, said, source)
+        config[ACCUM] = _derive(train, (MICRO, stated[MICRO]), ACCUM, procs, said, source)
     elif stated[MICRO] * stated[ACCUM] * procs.data_parallel != train:
         raise _mismatch(train, stated[MICRO], stated[ACCUM], procs, said, source)
 
@@ -320,10 +322,17 @@ def settle_batch(
 # -- the merged config ---------------------------------------------------------------------------
 
 
-def _explicit(
-    options: DeepSpeedOptions, precision: str | None, grad_accum: int | None, grad_clip: float | None
-) -> tuple[dict[str, Any], dict[str, str]]:
+class JobTraining(NamedTuple):
+    """What the job says of its training that DeepSpeed's config carries (--precision, --grad-accum, --grad-clip)."""
+
+    precision: str | None
+    grad_accum: int | None
+    grad_clip: float | None
+
+
+def _explicit(options: DeepSpeedOptions, training: JobTraining) -> tuple[dict[str, Any], dict[str, str]]:
     """What the job says explicitly, and which option said each batch number."""
+    precision, grad_accum, grad_clip = training
     explicit: dict[str, Any] = {}
     said: dict[str, str] = {}
     if options.zero_stage is not None:
@@ -350,10 +359,8 @@ def _explicit(
 
 def build_ds_config(
     options: DeepSpeedOptions,
+    training: JobTraining,
     *,
-    precision: str | None,
-    grad_accum: int | None,
-    grad_clip: float | None,
     user: dict[str, Any] | None = None,
     user_file: str = "your ds_config",
     procs: Processes | None = None,
@@ -371,7 +378,7 @@ def build_ds_config(
         "zero_allow_untested_optimizer": True,
     }
     user = user or {}
-    explicit, said = _explicit(options, precision, grad_accum, grad_clip)
+    explicit, said = _explicit(options, training)
     config = _deep_merge(_deep_merge(defaults, user), explicit)
     stated = {key: config[key] for key in (TRAIN, MICRO, ACCUM) if key in user or key in explicit}
     in_file = dict.fromkeys((TRAIN, MICRO, ACCUM), "from the file")
@@ -402,9 +409,7 @@ class DeepSpeed(Backend):
         user = read_user_config(source.file, named_by=source.named_by) if source else None
         config = build_ds_config(
             self.options,
-            precision=info.precision,
-            grad_accum=info.grad_accum,
-            grad_clip=info.grad_clip,
+            JobTraining(info.precision, info.grad_accum, info.grad_clip),
             user=user,
             user_file=str(source.file) if source else "",
             procs=processes(info),

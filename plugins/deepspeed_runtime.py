@@ -41,7 +41,7 @@ class DeepSpeedRuntime(BackendRuntime):
 
     def ds_config(self) -> dict[str, Any]:
         """The config the job wrote; built from the runtime options when run outside hpc_train's launch."""
-        from hpc_train_backends.deepspeed import CONFIG_ENV, DeepSpeedOptions, build_ds_config
+        from hpc_train_backends.deepspeed import CONFIG_ENV, DeepSpeedOptions, JobTraining, build_ds_config
 
         raw = os.environ.get(CONFIG_ENV)
         if raw:
@@ -49,9 +49,7 @@ class DeepSpeedRuntime(BackendRuntime):
         from hpc_train.config.validate import validate
 
         options = validate(DeepSpeedOptions, self.options.backend_options)
-        return build_ds_config(
-            options, precision=self.options.precision, grad_accum=self.options.grad_accum, grad_clip=self.options.grad_clip
-        )
+        return build_ds_config(options, JobTraining(self.options.precision, self.options.grad_accum, self.options.grad_clip))
 
     def prepare(self, model: Any, optimizer: Any) -> tuple[Any, Any]:
         import deepspeed

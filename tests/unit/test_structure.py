@@ -186,3 +186,23 @@ def test_the_core_never_imports_the_built_in_plugins():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
             names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             assert not [n for n in names if n.split(".")[0] in ("plugins", "hpc_train_backends")], path
+
+
+# A function of more than MOST_PARAMETERS takes a typed object instead (issue 32); constructors take what
+# their object holds, and a config field's declaration (fields.setting) is one too.
+MOST_PARAMETERS = 6
+CONSTRUCTORS = {"__init__", "setting"}
+
+
+def test_no_function_takes_more_than_six_parameters_but_constructors():
+    many = []
+    for folder in ("hpc_train", "plugins"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name not in CONSTRUCTORS:
+                    args = node.args
+                    names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+                    count = len(names) - (names[:1] in (["self"], ["cls"]))
+                    if count > MOST_PARAMETERS:
+                        many.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {count} parameters")
+    assert not many, many
