@@ -52,6 +52,9 @@ while read -r line; do say "  $line"; done <"$LOGS/times"
 # but a process outside a test (collection, a job whose environment was not the test's) compiled it again
 # into ~/.cache (61 s of CPU, seen with process accounting)
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.venv/torch_extensions}"
+# the tests' own mpiruns on two cores (the sandbox's jobs get it from site_configs/sandbox.yaml): a rank
+# waiting in a collective yields its core to the rank it waits for instead of polling on it
+export OMPI_MCA_mpi_yield_when_idle=1
 say "pytest -n $WORKERS (one sandbox for every worker), then the serial tests alone"
 start=$SECONDS
 # how busy the cores were: make test is CPU-bound here, so CPU seconds are what a test costs the run

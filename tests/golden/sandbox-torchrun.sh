@@ -25,6 +25,7 @@ export HPC_TRAIN_PROCS_PER_NODE=1  # hpc_train
 export HPC_TRAIN_SITE=sandbox  # hpc_train
 export HPC_TRAIN_STOP_SIGNAL=USR2  # hpc_train
 export HPC_TRAIN_STRAGGLER_THRESHOLD=0.2  # hpc_train
+export OMPI_MCA_mpi_yield_when_idle=1  # site
 export OMP_NUM_THREADS=1  # site
 export PYTHONUNBUFFERED=1  # site
 export TORCH_FR_BUFFER_SIZE=2000  # hpc_train (hang reports)
