@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_train import contract
+from hpc_train.config.slurm_time import format_slurm_time
 from hpc_train.errors import UsageError
 from hpc_train.jobs import goodput, traces
 
@@ -284,11 +285,7 @@ def _memory_summary(m: Metrics) -> dict[str, Any]:
 
 
 def _duration(seconds: float) -> str:
-    seconds = round(seconds)
-    days, rest = divmod(seconds, 86400)
-    h, rest = divmod(rest, 3600)
-    minutes, s = divmod(rest, 60)
-    return (f"{days}-" if days else "") + f"{h:02d}:{minutes:02d}:{s:02d}"
+    return format_slurm_time(round(seconds))  # D-HH:MM:SS, as sacct and squeue write a duration
 
 
 def format_summary(s: dict[str, Any]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from hpc_train.config.slurm_time import format_slurm_time
 from hpc_train.jobs.goodput.records import CAUSES, Goodput
 
 
@@ -19,11 +20,7 @@ def as_dict(g: Goodput) -> dict[str, Any]:
 
 
 def _hms(seconds: float) -> str:
-    seconds = round(seconds)
-    days, rest = divmod(seconds, 86400)
-    h, rest = divmod(rest, 3600)
-    minutes, s = divmod(rest, 60)
-    return (f"{days}-" if days else "") + f"{h:02d}:{minutes:02d}:{s:02d}"
+    return format_slurm_time(round(seconds))  # D-HH:MM:SS, as sacct and squeue write a duration
 
 
 def format_lines(d: dict[str, Any]) -> list[str]:
