@@ -16,12 +16,8 @@ from hpc_train.jobs.poll import RunOutcome
 
 def _jsonl(path: Path, notes: list[str], name: str | None = None) -> list[dict[str, Any]]:
     """The JSON objects of a JSON-lines file; a missing file is none, a garbled line a note."""
-    try:
-        text = path.read_text(errors="replace")
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        notes.append(f"{name or path.name}: unreadable ({exc.strerror or exc})")
+    text = read_text(path, notes, name)
+    if text is None:
         return []
     out, bad = [], 0
     for line in text.splitlines():

@@ -75,13 +75,14 @@ class Files:
     notes: list[str] = field(default_factory=list)
 
 
-def read_text(path: Path, notes: list[str]) -> str | None:
+def read_text(path: Path, notes: list[str], name: str | None = None) -> str | None:
+    """The file's text; None when it is missing, or unreadable (a note says so, under ``name`` if given)."""
     try:
         return path.read_text(errors="replace")
     except FileNotFoundError:
         return None
     except OSError as exc:
-        notes.append(f"{path.name}: unreadable ({exc.strerror or exc})")
+        notes.append(f"{name or path.name}: unreadable ({exc.strerror or exc})")
         return None
 
 
