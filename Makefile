@@ -85,7 +85,7 @@ test:
 # being watched for, a rendezvous), and a third worker fills it; one test at a time per worker, the longest
 # first (tests/conftest.py)
 test-unit: install lint
-	@start=$$(date +%s); $(PY) -m pytest tests/unit -n 3 --maxschedchunk 1 -m "not soak and not gpu and not frameworks" --durations=10 --durations-min=1 $(PYTEST_ARGS); \
+	@start=$$(date +%s); $(PY) -m pytest tests/unit -n 4 --maxschedchunk 1 -m "not soak and not gpu and not frameworks" --durations=10 --durations-min=1 $(PYTEST_ARGS); \
 	rc=$$?; echo "make test-unit: pytest $$(( $$(date +%s) - start )) s, exit $$rc"; exit $$rc
 
 # the soak runs: the cluster's interruptions and repetitions, the same assertions many times over

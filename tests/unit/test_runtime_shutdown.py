@@ -21,6 +21,7 @@ from hpc_train.runtime.engine.backend import BackendRuntime
 from hpc_train.runtime.launch.environment import DistEnv
 from hpc_train.runtime.options import RuntimeOptions
 from tests.conftest import REPO, free_port
+from tests.rank_launcher import run_world
 
 SCRIPT = """\
 import sys
@@ -45,31 +46,25 @@ elif mode == "raise":
 # mode "exit": the script ends without shutdown(); init() registered it to run at exit
 """
 
-# make test runs each mode once; make soak five times in a row, where a race that shows one run in ten shows
+# make test runs each mode once, its ranks forked from a Python that has imported torch already
+# (tests/rank_launcher.py: each still ends through the interpreter's own exit, where the race is); make soak
+# five times in a row under torchrun itself, fresh interpreters and its agent, where a race that shows one
+# run in ten shows
 REPEATS = [pytest.param(1, id="once"), pytest.param(5, id="5-in-a-row", marks=pytest.mark.soak)]
 MODES = ("exit", "shutdown")
 
 
-def run_job(tmp_path, mode: str, procs: int = 4) -> subprocess.CompletedProcess[str]:
+def run_job(tmp_path, mode: str, procs: int = 4, torchrun: bool = False) -> subprocess.CompletedProcess[str]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HPC_TRAIN_STOP_FILE": str(tmp_path / "no-stop-file")}
     env.pop("HPC_TRAIN_JOB_FOLDER", None)
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        str(procs),
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port()),
-        str(script),
-        mode,
-        str(tmp_path),
-    ]
+    args = [str(script), mode, str(tmp_path)]
+    if not torchrun:  # a rank that aborts at exit fails the world, as torchrun's agent reports it
+        return run_world(args, env, REPO, nproc=procs, timeout=120, out_dir=tmp_path / "out")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(procs)]
+    command += ["--master-addr", "127.0.0.1", "--master-port", str(free_port()), *args]
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -78,7 +73,7 @@ def run_job(tmp_path, mode: str, procs: int = 4) -> subprocess.CompletedProcess[
 def test_every_rank_exits_cleanly_run_after_run(tmp_path, mode, repeats):
     # more processes than cores: a worker thread that is slow to run is what made the race show
     for attempt in range(repeats):
-        out = run_job(tmp_path / str(attempt), mode)
+        out = run_job(tmp_path / str(attempt), mode, torchrun=repeats > 1)
         assert "terminate called" not in out.stderr, out.stderr[-3000:]
         assert out.returncode == 0, out.stderr[-3000:]
         assert (tmp_path / str(attempt) / "ckpt" / "step-00000003" / "COMMIT").is_file()

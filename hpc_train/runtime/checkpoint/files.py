@@ -15,7 +15,8 @@ from typing import Any
 from hpc_train.resume_shape import SHAPE
 from hpc_train.runtime.checkpoint.commit import DIGEST, fsync_tree_dirs
 
-ENGINE_DIR = "engine"
+STATE_FILE = "hpc_train.pt"  # the payload: step, RNG, tracked objects, the runtime's replicated state
+ENGINE_DIR = "engine"  # what a backend writes itself (DeepSpeed's engine, sharded layouts)
 _CHUNK = 8 << 20
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from hpc_train import contract
 from hpc_train.contract import committed
 from hpc_train.resume_shape import ENGINE, REPLICATED, SHAPE, SHARDED, describe, loader_refusal, read_shape, refusal
+from hpc_train.runtime.checkpoint.files import STATE_FILE
 from hpc_train.runtime.lifecycle.no_retry import refuse_retry
 from hpc_train.runtime.log import log
 
@@ -112,7 +113,7 @@ def _payload_world(path: Path) -> int | None:
     import torch
 
     try:
-        return int(torch.load(path / "hpc_train.pt", map_location="cpu", weights_only=True)["world_size"])
+        return int(torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)["world_size"])
     except Exception:  # unreadable: the verify and load that follow name what is wrong with it
         return None
 

@@ -2,7 +2,7 @@
 
 Two places decide: the batch script after a failed run (templates/sbatch/base.sh.j2, through
 ``python -m hpc_train.runtime.supervise.between_runs decided``) and rank 0 after a run stopped for the time limit
-(hpc_train.runtime.checkpoint.manager). Their log lines said why; the login side (``status``, the end of
+(hpc_train.runtime.checkpoint.stop). Their log lines said why; the login side (``status``, the end of
 ``submit --wait``, ``JobHandle.why``: hpc_train.jobs.retry_decision) reads this record instead of logs.
 
 One JSON line per decision in ``retries.jsonl`` (contract.RETRIES)::
