@@ -65,7 +65,7 @@ LONGEST_FIRST = (
     "tests/unit/test_numerics.py",
     "tests/unit/test_local_tier.py",
     "tests/unit/test_plain_watch.py",
-    "tests/unit/test_shard_save.py",
+    "tests/unit/test_checkpoint_shares.py",
 )
 
 

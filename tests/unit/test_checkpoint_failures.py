@@ -1,5 +1,5 @@
 """hpc_train.runtime.checkpoint.failures: a failed save or drain in words a user can act on. The real
-full disks (a tiny tmpfs, every rank) are in test_checkpoint.py, test_shard_save.py and test_local_tier.py;
+full disks (a tiny tmpfs, every rank) are in test_checkpoint.py, test_checkpoint_shares.py and test_local_tier.py;
 here each rule of the message on its own, against a real folder and real COMMIT markers."""
 
 from __future__ import annotations

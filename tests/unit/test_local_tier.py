@@ -26,7 +26,7 @@ from hpc_train.runtime.checkpoint.manager import COMMIT
 from tests.conftest import REPO, free_port
 from tests.rank_launcher import World
 from tests.unit.test_checkpoint import tiny_filesystem  # noqa: F401  (a fixture)
-from tests.unit.test_shard_save import SCRIPT, TORCH_ENV
+from tests.unit.test_checkpoint_shares import SCRIPT, TORCH_ENV
 
 
 def launch(tmp_path: Path, spec: dict, names: tuple[str, ...] = ("a", "b"), procs: int = 1, missing: str = "") -> list[World]:
