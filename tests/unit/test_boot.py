@@ -44,8 +44,13 @@ def lingering_after_the_scripts_atexit(imports: str) -> float:
 
 
 def test_a_process_that_used_torch_distributed_lets_its_threads_finish_before_it_exits():
-    assert lingering_after_the_scripts_atexit("import torch.distributed") >= 0.2
-    assert lingering_after_the_scripts_atexit("import json") < 0.2  # nothing to wait for: no delay
+    assert lingering_after_the_scripts_atexit("import torch.distributed") >= 0.2  # a load only adds to it
+    # nothing to wait for: no delay. A loaded machine adds its own to a process's end (0.235 s once, under
+    # make test with a make test-unit loop beside it), never takes any away: one of five ends under 0.2 s
+    times = []
+    while len(times) < 5 and min(times, default=1.0) >= 0.2:
+        times.append(lingering_after_the_scripts_atexit("import json"))
+    assert min(times) < 0.2, times
 
 
 RECORDER = "import os; print(os.environ.get('TORCH_NCCL_TRACE_BUFFER_SIZE'), os.environ.get('TORCH_FR_BUFFER_SIZE'))"
