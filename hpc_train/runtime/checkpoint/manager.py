@@ -350,9 +350,8 @@ class Checkpointer:
     def _failure(self, step: int, exc: BaseException, tensor_bytes: int, who: str = "") -> CheckpointError:
         """The error for a failed save, where saves go first (this node's own folder with the tier); make it
         after the partial write is removed (its free space counts)."""
-        folder = self.tier.root if self.tier is not None else self.folder
-        need = failures.needed(tensor_bytes, self.complete())
-        return failures.save_failure(step, exc, need, folder, self.complete(), who)
+        folder, committed_now = (self.tier.root if self.tier is not None else self.folder), self.complete()
+        return failures.save_failure(step, exc, failures.needed(tensor_bytes, committed_now), folder, committed_now, who)
 
     def _prune(self) -> None:
         for _, path in self.complete()[self.keep :]:
