@@ -55,6 +55,8 @@ export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.venv/torch_extensions
 # the tests' own mpiruns on two cores (the sandbox's jobs get it from site_configs/sandbox.yaml): a rank
 # waiting in a collective yields its core to the rank it waits for instead of polling on it
 export OMPI_MCA_mpi_yield_when_idle=1
+# and the same transports and crash reports as the sandbox's jobs (site_configs/sandbox.yaml says why)
+export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp OMPI_MCA_opal_signal= PYTHONFAULTHANDLER=1
 say "pytest -n $WORKERS (one sandbox for every worker), then the serial tests alone"
 start=$SECONDS
 # how busy the cores were: make test is CPU-bound here, so CPU seconds are what a test costs the run
