@@ -115,6 +115,11 @@ class SchedulerError(HpcTrainError):
         self.detail = detail
 
 
+class SnapshotError(HpcTrainError):
+    """The script's project cannot be snapshotted as it stands: over the size limit, a file that cannot be
+    read, a link out of the tree, a store that cannot be written."""
+
+
 class PluginError(HpcTrainError):
     """A plugin broke the contract (duplicate names, bad hook results, failed import of a needed plugin)."""
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from tests.conftest import REPO
 
 LONGEST = 60  # lines, decorators excluded: a function a reader sees at once
-LOGIN_SIDE = ("cli", "submission", "jobs", "sweeps", "config", "plugin", "fabric")
+LOGIN_SIDE = ("cli", "submission", "jobs", "sweeps", "config", "plugin", "fabric", "snapshot")
 
 
 PACKAGES = {"hpc_train": "hpc_train", "plugins": "hpc_train_backends"}  # folder -> the name it is imported as

@@ -1,0 +1,166 @@
+"""Which files make a script's project.
+
+In a git work tree: git's own view, the tracked files plus the untracked ones git does not ignore, so
+what the user would commit is what the job runs. Outside git: the script's folder, minus what a training
+folder holds besides its code (environments, caches, checkpoints, run outputs). ``.hpc_trainignore`` at
+the project's root (gitignore syntax) leaves out more in both cases.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hpc_train.errors import SnapshotError
+
+if TYPE_CHECKING:
+    import pathspec
+
+IGNORE_FILE = ".hpc_trainignore"
+# outside git only: a git tree says what it ignores in its own .gitignore
+DEFAULT_IGNORES = (
+    ".git/",
+    ".hg/",
+    ".svn/",
+    ".venv/",
+    "venv/",
+    "env/",
+    "__pycache__/",
+    "*.py[cod]",
+    ".ipynb_checkpoints/",
+    ".mypy_cache/",
+    ".pytest_cache/",
+    ".ruff_cache/",
+    ".tox/",
+    "*.egg-info/",
+    "build/",
+    "dist/",
+    "node_modules/",
+    "wandb/",
+    "mlruns/",
+    "outputs/",
+    "lightning_logs/",
+    "checkpoints/",
+    "*.pt",
+    "*.pth",
+    "*.ckpt",
+    "*.safetensors",
+    "*.npy",
+    "*.npz",
+    "*.h5",
+)
+
+
+@dataclass(frozen=True)
+class Project:
+    """The tree a script belongs to: its git work tree's top, else the script's own folder."""
+
+    root: Path
+    git: bool
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file of the project: a regular file (``size`` bytes) or a symbolic link (``link``: its target,
+    relative, inside the project)."""
+
+    path: str  # relative to the project's root, "/"-separated
+    size: int = 0
+    executable: bool = False
+    link: str | None = None
+
+
+def find_project(script: Path) -> Project:
+    folder = script.resolve().parent
+    top = git(folder, "rev-parse", "--show-toplevel")
+    if top is None or not top.strip():
+        return Project(folder, False)
+    return Project(Path(os.fsdecode(top.strip())).resolve(), True)
+
+
+def project_files(project: Project) -> list[Entry]:
+    """The project's files, sorted by path; raises SnapshotError for a link that leaves the tree."""
+    ignored = ignore_spec(project.root, defaults=not project.git)
+    names = git_names(project.root) if project.git else walked_names(project.root, ignored)
+    entries = (entry(project.root, name) for name in sorted(set(names)) if not ignored.match_file(name))
+    return [e for e in entries if e is not None]
+
+
+def git(folder: Path, *args: str) -> bytes | None:
+    """git's output, or None where there is no git or the folder is not in a work tree."""
+    try:
+        out = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def git_names(root: Path) -> list[str]:
+    out = git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+    if out is None:
+        raise SnapshotError(
+            f"`git ls-files` failed in {root}", hint="is the work tree readable? --no-snapshot runs the code in place"
+        )
+    return [os.fsdecode(name) for name in out.split(b"\0") if name]
+
+
+def walked_names(root: Path, ignored: pathspec.PathSpec) -> Iterator[str]:
+    for folder, dirs, files in os.walk(root):
+        rel = Path(folder).relative_to(root).as_posix()
+        prefix = "" if rel == "." else f"{rel}/"
+        # prune ignored folders here: a .venv holds tens of thousands of files nobody wants listed
+        dirs[:] = [d for d in dirs if not ignored.match_file(f"{prefix}{d}/")]
+        linked = [d for d in dirs if os.path.islink(os.path.join(folder, d))]  # a link is an entry, not a folder to enter
+        dirs[:] = [d for d in dirs if d not in linked]
+        yield from (f"{prefix}{name}" for name in (*files, *linked))
+
+
+def ignore_spec(root: Path, defaults: bool) -> pathspec.PathSpec:
+    import pathspec  # here, not at the top: only a submit that snapshots pays for it
+
+    lines = list(DEFAULT_IGNORES) if defaults else []
+    path = root / IGNORE_FILE
+    try:
+        lines += path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise SnapshotError(f"cannot read {path}: {exc.strerror}") from None
+    return pathspec.GitIgnoreSpec.from_lines(lines)
+
+
+def entry(root: Path, name: str) -> Entry | None:
+    path = root / name
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return None  # tracked, deleted in the work tree: the commit would not have it either
+    if stat.S_ISLNK(st.st_mode):
+        return Entry(name, link=inside_target(root, name))
+    if not stat.S_ISREG(st.st_mode):
+        return None  # a submodule's folder, a socket, a fifo: not code
+    return Entry(name, st.st_size, executable=bool(st.st_mode & 0o111))
+
+
+def inside_target(root: Path, name: str) -> str:
+    """A link's target, relative to the link's folder, when it stays inside the tree: a snapshot never
+    follows a link out of the project (the job would read whatever is there when it starts)."""
+    path = root / name
+    target = os.readlink(path)
+    resolved = Path(os.path.normpath(path.parent / target))
+    real_root = root.resolve()
+    try:
+        inside = resolved.resolve().is_relative_to(real_root) and resolved.is_relative_to(root)
+    except OSError:
+        inside = False
+    if not inside:
+        raise SnapshotError(
+            f"{path} is a symbolic link to {target}, outside the project {root}: a snapshot holds the project's own files",
+            hint=f"copy what it points to into the project, or leave the link out with the line /{name} in {root / IGNORE_FILE}",
+        )
+    return os.path.relpath(resolved, path.parent)

@@ -1,0 +1,76 @@
+"""Where a job's code came from: the commit, the branch, whether the tree had uncommitted changes (and
+the digest of that diff, whose text is kept beside the snapshot), the Python and a digest of the installed
+packages, read from their metadata rather than by running pip (a second on a busy login node)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import platform
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from hpc_train.snapshot.files import Project, git
+
+
+@dataclass(frozen=True)
+class Provenance:
+    commit: str | None = None  # None outside git, or in a repository without a commit yet
+    branch: str | None = None  # None on a detached HEAD
+    dirty: bool = False
+    diff_digest: str | None = None  # of `git diff HEAD --binary`, when dirty
+    python: str = platform.python_version()
+    packages_digest: str = ""
+
+    def as_record(self) -> dict:
+        return asdict(self)
+
+
+def provenance(project: Project) -> tuple[Provenance, bytes]:
+    """The facts, and the uncommitted diff (empty when clean or outside git) to keep beside the snapshot."""
+    packages = packages_digest()
+    if not project.git:
+        return Provenance(packages_digest=packages), b""
+    root = project.root
+    commit = text(git(root, "rev-parse", "--verify", "-q", "HEAD"))
+    branch = text(git(root, "symbolic-ref", "--short", "-q", "HEAD"))
+    status = git(root, "status", "--porcelain", "--untracked-files=normal")
+    dirty = bool(status and status.strip())
+    diff = (git(root, "diff", "HEAD", "--binary") or b"") if commit and dirty else b""
+    digest = hashlib.blake2b(diff, digest_size=16).hexdigest() if diff else None
+    return Provenance(commit, branch, dirty, digest, platform.python_version(), packages), diff
+
+
+def text(out: bytes | None) -> str | None:
+    value = os.fsdecode(out).strip() if out else ""
+    return value or None
+
+
+def installed_packages() -> list[str]:
+    """``name==version`` of every distribution this Python sees, as pip freeze lists them (sorted, one
+    line each; a name seen twice on the path counts once, as import would find it)."""
+    seen: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").strip()
+        if name:
+            seen.setdefault(name.lower().replace("_", "-"), f"{name}=={dist.version}")
+    return sorted(seen.values(), key=str.lower)
+
+
+def packages_digest() -> str:
+    return hashlib.blake2b("\n".join(installed_packages()).encode(), digest_size=16).hexdigest()
+
+
+def write_diff(diff: bytes, folder: Path) -> Path | None:
+    """The uncommitted diff, kept by its digest in ``folder`` (the store's ``diffs/``): a tree's digest says
+    what the files were, not which commit they differ from."""
+    if not diff:
+        return None
+    path = folder / f"{hashlib.blake2b(diff, digest_size=16).hexdigest()}.diff"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".tmp-{path.name}-{os.getpid()}"
+        tmp.write_bytes(diff)
+        os.replace(tmp, path)
+    return path
