@@ -12,7 +12,7 @@ import os
 import stat
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -73,6 +73,8 @@ class Entry:
     size: int = 0
     executable: bool = False
     link: str | None = None
+    # size, mtime, ctime and inode when listed: the store's index compares them instead of reading the file
+    stamp: tuple[int, int, int, int] = field(default=(0, 0, 0, 0), compare=False)
 
 
 def find_project(script: Path) -> Project:
@@ -144,7 +146,8 @@ def entry(root: Path, name: str) -> Entry | None:
         return Entry(name, link=inside_target(root, name))
     if not stat.S_ISREG(st.st_mode):
         return None  # a submodule's folder, a socket, a fifo: not code
-    return Entry(name, st.st_size, executable=bool(st.st_mode & 0o111))
+    stamp = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    return Entry(name, st.st_size, executable=bool(st.st_mode & 0o111), stamp=stamp)
 
 
 def inside_target(root: Path, name: str) -> str:

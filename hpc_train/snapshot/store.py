@@ -24,6 +24,7 @@ from hpc_train.snapshot.files import IGNORE_FILE, Entry, Project
 
 MANIFEST = "hpc_train_snapshot.json"  # in the tree, beside the project's files (a name no project uses)
 CHUNK = 1 << 20
+SMALL = 4 << 20  # read whole: hashed before anything is written, so known content costs no write
 # a file changed within this long of being indexed may keep its mtime on a coarse clock: not indexed
 RACY_NS = 2_000_000_000
 
@@ -57,50 +58,76 @@ class Store:
 
     def _save(self, project: Project, entries: list[Entry]) -> Snapshot:
         index = Index(self.root / "index" / f"{digest_of(os.fsencode(project.root))}.json")
-        files = [
-            {"path": e.path, "link": e.link}
-            if e.link is not None
-            else {"path": e.path, "object": self.object_for(project.root, e, index)}
-            for e in entries
-        ]
-        # the digest is the content's, wherever the project lies: two clones of one commit share a tree
-        manifest = {"files": files}
-        digest = digest_of(json.dumps(files, sort_keys=True).encode())
-        tree = self.trees / digest
-        reused = (tree / MANIFEST).exists()
-        if not reused:
-            reused = self.build(tree, manifest)
-        index.retain({e.path for e in entries if e.link is None})
+        files = {e.path: e for e in entries if e.link is None}
+        names = {path: self.object_for(project.root, e, index) for path, e in files.items()}
+        while True:
+            manifest = {
+                "files": [
+                    {"path": e.path, "link": e.link} if e.link is not None else {"path": e.path, "object": names[e.path]}
+                    for e in entries
+                ]
+            }
+            # the digest is the content's, wherever the project lies: two clones of one commit share a tree
+            digest = digest_of(json.dumps(manifest["files"], sort_keys=True).encode())
+            tree = self.trees / digest
+            if (tree / MANIFEST).exists():
+                reused = True
+                break
+            # the index named objects unchecked (a stat each, for nothing when the tree exists); a new tree
+            # needs them all, and one that is gone (collected) is read again from the project
+            lost = {path: self.put(project.root, files[path]) for path, name in names.items() if not self.has(name)}
+            if all(names[path] == name for path, name in lost.items()):
+                reused = self.build(tree, manifest)
+                break
+            names.update(lost)  # the file changed behind an index entry: the tree is another one
+        index.retain(set(files))
         index.save()
-        return Snapshot(digest, tree, len(files), sum(e.size for e in entries), reused)
+        return Snapshot(digest, tree, len(entries), sum(e.size for e in entries), reused)
+
+    def has(self, name: str) -> bool:
+        return (self.objects / name[:2] / name).exists()
 
     def object_for(self, root: Path, entry: Entry, index: Index) -> str:
-        path = root / entry.path
-        try:
-            st = path.stat()
-        except OSError as exc:
-            raise unreadable(root, entry.path, exc) from None
-        key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        """The object holding the file's content: the index's word when the file's stat is unchanged,
+        else the file is read (and stored when its content is new)."""
+        key = list(entry.stamp)
         known = index.get(entry.path, key)
-        if known is not None and (self.objects / known[:2] / known).exists():
+        if known is not None:
             return known
         name = self.put(root, entry)
-        index.record(entry.path, key, name, racy=time.time_ns() - st.st_mtime_ns < RACY_NS)
+        index.record(entry.path, key, name, racy=time.time_ns() - entry.stamp[1] < RACY_NS)
         return name
 
     def put(self, root: Path, entry: Entry) -> str:
-        """Copy a file into the store (one read: hashed as it is copied); its object's name."""
+        """The file's object, stored if its content is new: a small file is read once, hashed, and
+        written only when the store lacks it; a large one is hashed as it is copied."""
+        if entry.size <= SMALL:
+            data = read(root, entry.path)
+            name = digest_of(data) + ("-x" if entry.executable else "")  # one inode, one mode: the exec bit is in the key
+            if not self.has(name):
+                fd, tmp = self.temporary()
+                with os.fdopen(fd, "wb") as out:
+                    out.write(data)
+                self.settle(tmp, name, entry.executable)
+            return name
+        fd, tmp = self.temporary()
+        digest = copy_hashing(root, entry.path, fd, tmp)
+        name = digest + ("-x" if entry.executable else "")
+        self.settle(tmp, name, entry.executable)
+        return name
+
+    def temporary(self) -> tuple[int, str]:
         self.objects.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.objects, prefix=".tmp-")
+        return tempfile.mkstemp(dir=self.objects, prefix=".tmp-")
+
+    def settle(self, tmp: str, name: str, executable: bool) -> None:
+        """The written copy becomes the object ``name`` (read-only), unless it is there already."""
         try:
-            digest = copy_hashing(root, entry.path, fd)
-            name = digest + ("-x" if entry.executable else "")  # one inode, one mode: the exec bit is part of the key
             final = self.objects / name[:2] / name
             if not final.exists():
                 final.parent.mkdir(exist_ok=True)
-                os.chmod(tmp, 0o555 if entry.executable else 0o444)
+                os.chmod(tmp, 0o555 if executable else 0o444)
                 os.replace(tmp, final)
-            return name
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
@@ -140,23 +167,26 @@ def place(dest: Path, item: dict, objects: Path) -> None:
         os.chmod(dest, source.stat().st_mode & 0o777)
 
 
-def copy_hashing(root: Path, name: str, fd: int) -> str:
+def read(root: Path, name: str) -> bytes:
+    try:
+        return (root / name).read_bytes()
+    except OSError as exc:
+        raise unreadable(root, name, exc) from None
+
+
+def copy_hashing(root: Path, name: str, fd: int, tmp: str) -> str:
     digest = hashlib.blake2b(digest_size=16)
     try:
-        src = open(root / name, "rb")  # noqa: SIM115 - closed below, apart from the store's own errors
+        with open(root / name, "rb") as src, os.fdopen(fd, "wb") as out:
+            while chunk := src.read(CHUNK):
+                digest.update(chunk)
+                out.write(chunk)
     except OSError as exc:
-        os.close(fd)
-        raise unreadable(root, name, exc) from None
-    with src, os.fdopen(fd, "wb") as out:
-        while True:
-            try:
-                chunk = src.read(CHUNK)
-            except OSError as exc:
-                raise unreadable(root, name, exc) from None
-            if not chunk:
-                return digest.hexdigest()
-            digest.update(chunk)
-            out.write(chunk)
+        os.unlink(tmp)
+        if exc.filename == str(root / name) or not exc.filename:
+            raise unreadable(root, name, exc) from None
+        raise
+    return digest.hexdigest()
 
 
 def unreadable(root: Path, name: str, exc: OSError) -> SnapshotError:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -81,6 +82,18 @@ def test_an_edit_that_keeps_size_and_mtime_is_still_seen(tmp_path):
     os.utime(model, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
     again = save(store, script)
     assert again.digest != first.digest and (again.path / "lib" / "model.py").read_text() == "W = 9\n"
+
+
+def test_objects_collected_since_the_index_was_written_are_read_again(tmp_path):
+    store = Store(tmp_path / "store")
+    script = project(tmp_path / "proj")
+    for path in script.parent.rglob("*"):  # old files: every one indexed
+        os.utime(path, (1e9, 1e9), follow_symlinks=False)
+    save(store, script)
+    shutil.rmtree(store.objects)  # what a garbage collection of unused content would leave
+    write(script.parent / "lib" / "__init__.py", "# edited\n")
+    tree = save(store, script).path
+    assert (tree / "train.py").read_text() == "import lib.model\n" and (tree / "lib" / "__init__.py").read_text() == "# edited\n"
 
 
 def test_two_clones_of_one_commit_share_a_tree(tmp_path):
