@@ -71,6 +71,7 @@ class Store:
             digest = digest_of(json.dumps(manifest["files"], sort_keys=True).encode())
             tree = self.trees / digest
             if (tree / MANIFEST).exists():
+                os.utime(tree)  # used again: young, so a collection running now leaves it (collect.py)
                 reused = True
                 break
             # the index named objects unchecked (a stat each, for nothing when the tree exists); a new tree
