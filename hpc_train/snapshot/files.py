@@ -88,8 +88,10 @@ def find_project(script: Path) -> Project:
 def project_files(project: Project) -> list[Entry]:
     """The project's files, sorted by path; raises SnapshotError for a link that leaves the tree."""
     ignored = ignore_spec(project.root, defaults=not project.git)
-    names = git_names(project.root) if project.git else walked_names(project.root, ignored)
-    entries = (entry(project.root, name) for name in sorted(set(names)) if not ignored.match_file(name))
+    names = sorted(set(git_names(project.root) if project.git else walked_names(project.root, ignored)))
+    if ignored.patterns:  # most projects have no .hpc_trainignore: 2,000 matches against nothing cost 40 ms
+        names = [name for name in names if not ignored.match_file(name)]
+    entries = (entry(project.root, os.fspath(project.root), name) for name in names)
     return [e for e in entries if e is not None]
 
 
@@ -136,10 +138,10 @@ def ignore_spec(root: Path, defaults: bool) -> pathspec.PathSpec:
     return pathspec.GitIgnoreSpec.from_lines(lines)
 
 
-def entry(root: Path, name: str) -> Entry | None:
-    path = root / name
+def entry(root: Path, top: str, name: str) -> Entry | None:
+    """``name``'s entry (``top`` is ``root`` as text: a Path per file costs more than the stat it is for)."""
     try:
-        st = path.lstat()
+        st = os.lstat(os.path.join(top, name))
     except FileNotFoundError:
         return None  # tracked, deleted in the work tree: the commit would not have it either
     if stat.S_ISLNK(st.st_mode):
