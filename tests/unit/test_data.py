@@ -140,8 +140,10 @@ def test_per_rank_samples_per_second_reach_the_metrics_and_the_straggler_rule(tm
     lines = [json.loads(line) for line in (metrics / contract.STEPS).read_text().splitlines()]
     windows = [w for w in lines if w.get("event") == "ranks"]
     assert len(windows) == 8 and all(w["samples"] == [4, 12] and w["imbalance"] == 2.0 for w in windows)
-    rates = [w["samples_per_s"] for w in windows]
-    assert all(r[1] == pytest.approx(3 * r[0], rel=1e-4) and r[0] > 100 for r in rates)
+    for w in windows:  # rates per second of the step's wall time, which is at least the rank's compute time
+        # (a bound the machine's load cannot break: `> 100 samples/s` failed under make test plus a unit loop)
+        rate, compute_s = w["samples_per_s"], w["compute_ms"][0] / 1e3
+        assert rate[1] == pytest.approx(3 * rate[0], rel=1e-4) and 0 < rate[0] * compute_s <= 4 * 1.001, w
     # rank 1 computes 8 ms more per step than rank 0 (over the 2 ms bar) but no more per sample
     assert not (metrics / contract.STRAGGLERS).exists() and "straggler:" not in out.stderr
     assert out.stderr.count("hpc_train: data: rank 1 trains on 12 samples per step, the median rank on 8") == 1

@@ -239,10 +239,12 @@ def test_a_rank_that_never_joins_the_rendezvous_is_named_by_stacks_and_cpu_that_
 
 
 def test_a_rank_that_works_before_it_joins_the_rendezvous_is_not_a_hang(tmp_path, monkeypatch, capfd):
+    # on a machine loaded six times over (make test beside a make test-unit loop) the working rank got 0.1 s
+    # of CPU in 2 s, the rule's threshold, and was taken for a blocked one: its wait for a core counts too
     ranks = watch_in_process(tmp_path, "prepare", monkeypatch, BEFORE_GROUP)
     err = capfd.readouterr().err
     assert not (tmp_path / "hangs.jsonl").exists(), err
-    assert "but rank 1 works (" in err and "s of CPU in 2 s): not a hang" in err, err
+    assert "but rank 1 works (" in err and "s of CPU in 2 s" in err and "): not a hang" in err, err
     assert [r.returncode for r in ranks] == [0, 0]  # it joined, and both ran to the end
 
 

@@ -30,7 +30,15 @@ from typing import Any
 from hpc_train import contract
 from hpc_train.runtime.lifecycle.heartbeat import FLIGHT_RECORD_SUFFIX, REQUEST, dump_folder
 from hpc_train.runtime.log import log
-from hpc_train.runtime.supervise.hang_report import Culprit, behind, cpu_seconds, last_collectives, main_stack, waiting
+from hpc_train.runtime.supervise.hang_report import (
+    Culprit,
+    behind,
+    cpu_seconds,
+    last_collectives,
+    main_stack,
+    waited_seconds,
+    waiting,
+)
 from hpc_train.runtime.supervise.outside_stacks import dump_from_outside
 from hpc_train.runtime.supervise.suspects import record_suspect
 
@@ -47,7 +55,9 @@ PLAIN_FLOOR_S = 1800.0  # the learned limit's floor when no rank uses hpc_train.
 PLAIN_START_S = 1800.0
 RECHECK_S = 5.0  # between the two looks at a plain script's collectives (or stacks and CPU) when quiet
 # CPU a rank may use between those looks and still sit still: its heartbeat thread and the answer itself
-# take milliseconds; a rank that computes (an evaluation, data preparation) takes about RECHECK_S
+# take milliseconds; a rank that computes (an evaluation, data preparation) takes about RECHECK_S. The time
+# its main thread waited for a core counts as use: on a node whose cores are all taken, a computing rank
+# gets a sliver of CPU and waits for the rest, while a blocked one does neither
 IDLE_CPU_S = 0.25
 NO_RECORD = "no flight record tells whether its collectives go on"
 POLL_S = 1.0
@@ -288,8 +298,10 @@ def sat_still(first: dict[int, str], second: dict[int, str]) -> str:
         before, after = cpu_seconds(first[rank]), cpu_seconds(second[rank])
         if before is None or after is None:
             return f"rank {rank} does not say its CPU time"
-        if after - before > IDLE_CPU_S:
-            return f"rank {rank} works ({after - before:.1f} s of CPU in {RECHECK_S:g} s)"
+        waited = waited_seconds(second[rank]) - waited_seconds(first[rank])
+        if after - before + waited > IDLE_CPU_S:
+            queued = f", and waited {waited:.1f} s for a core" if waited >= 0.05 else ""
+            return f"rank {rank} works ({after - before:.1f} s of CPU in {RECHECK_S:g} s{queued})"
     return ""
 
 
