@@ -213,6 +213,8 @@ def test_a_rank_that_waits_for_a_core_works_though_it_got_little_cpu():
     second = {0: dump(1.01, waited=0.21), 1: dump(2.1, waited=14.8)}
     assert watchdog.sat_still(first, second) == "rank 1 works (0.1 s of CPU in 5 s, and waited 4.8 s for a core)"
     assert watchdog.sat_still(first, {0: dump(1.01, waited=0.21), 1: dump(2.01, waited=10.01)}) == ""
+    # a rank polling in a rendezvous on that node: many short wakes, each waiting its turn, still next to nothing
+    assert watchdog.sat_still(first, {0: dump(1.05, waited=0.8), 1: dump(2.01, waited=10.01)}) == ""
 
 
 def test_ranks_sit_still_only_with_the_same_stack_and_next_to_no_cpu():
