@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 
 from hpc_train.runtime.lifecycle.heartbeat import FAST_POLL_S, QUIET_S, REQUEST, Heartbeat, dump_folder
-from hpc_train.runtime.supervise.hang_report import cpu_seconds, waited_seconds
 
 
 def wait_for(condition, timeout: float) -> bool:
@@ -43,9 +41,6 @@ def test_a_quiet_rank_answers_the_request_without_waiting_out_its_poll(tmp_path)
         assert wait_for((dumps / "rank-0.txt").exists, QUIET_S + 5)  # an hour with the regular poll
         text = (dumps / "rank-0.txt").read_text()
         assert text.startswith("rank 0 on ") and "hpc_train-heartbeat" not in text.splitlines()[0]
-        # what the watchdog weighs: the CPU used, and the main thread's wait for a core (this kernel says it)
-        assert cpu_seconds(text) is not None and waited_seconds(text) >= 0
-        assert (", waited " in text.splitlines()[0]) == os.path.exists("/proc/self/schedstat")
         assert "Thread" in text or "Current thread" in text  # faulthandler's stacks of every thread
         assert not list(dumps.glob(".*.tmp"))  # written aside and renamed: never seen half-written
     finally:

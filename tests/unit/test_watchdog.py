@@ -198,23 +198,8 @@ def test_plain_scripts_get_a_longer_learned_limit_than_runtime_scripts(tmp_path)
     assert limit(settings(tmp_path, 42), plain, clock) == (42, "--hang-timeout")
 
 
-def dump(cpu: float, stack: str = 'File "/jobs/train.py", line 44 in <module>', waited: float | None = None) -> str:
-    queued = "" if waited is None else f", waited {waited:.3f} s"
-    return (
-        f"rank 0 on n1 (pid 7), 0 steps this run, last at 03:20:23, cpu {cpu:.3f} s{queued}\n"
-        f"Thread 0x00007f00 (most recent call first):\n  {stack}\n"
-    )
-
-
-def test_a_rank_that_waits_for_a_core_works_though_it_got_little_cpu():
-    """A node whose cores are all taken: the computing rank got 0.1 s of CPU in 5 s and waited 4.8 s for
-    more; the blocked one neither ran nor waited."""
-    first = {0: dump(1.0, waited=0.2), 1: dump(2.0, waited=10.0)}
-    second = {0: dump(1.01, waited=0.21), 1: dump(2.1, waited=14.8)}
-    assert watchdog.sat_still(first, second) == "rank 1 works (0.1 s of CPU in 5 s, and waited 4.8 s for a core)"
-    assert watchdog.sat_still(first, {0: dump(1.01, waited=0.21), 1: dump(2.01, waited=10.01)}) == ""
-    # a rank polling in a rendezvous on that node: many short wakes, each waiting its turn, still next to nothing
-    assert watchdog.sat_still(first, {0: dump(1.05, waited=0.8), 1: dump(2.01, waited=10.01)}) == ""
+def dump(cpu: float, stack: str = 'File "/jobs/train.py", line 44 in <module>') -> str:
+    return f"rank 0 on n1 (pid 7), 0 steps this run, last at 03:20:23, cpu {cpu:.3f} s\nThread 0x00007f00 (most recent call first):\n  {stack}\n"
 
 
 def test_ranks_sit_still_only_with_the_same_stack_and_next_to_no_cpu():

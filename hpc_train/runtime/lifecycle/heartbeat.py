@@ -158,8 +158,7 @@ class Heartbeat:
             with open(tmp, "w") as out:
                 out.write(
                     f"rank {self.rank} on {self.host} (pid {os.getpid()}), {self.steps} steps this run, "
-                    f"last at {time.strftime('%H:%M:%S', time.localtime(self.at))}, cpu {time.process_time():.3f} s"
-                    f"{_waited()}\n"
+                    f"last at {time.strftime('%H:%M:%S', time.localtime(self.at))}, cpu {time.process_time():.3f} s\n"
                 )
                 out.flush()
                 faulthandler.dump_traceback(out, all_threads=True)
@@ -167,18 +166,6 @@ class Heartbeat:
         except OSError:
             pass
         return True
-
-
-def _waited() -> str:
-    """ ", waited S s": how long the main thread has been ready to run with no core to run on (the kernel's
-    run-queue delay). On a node whose cores are all taken (data loader workers, another job) a computing
-    rank gets little CPU but waits for it; a rank blocked in a collective does neither. "" where the kernel
-    does not say (no schedstat)."""
-    try:
-        with open("/proc/self/schedstat") as stats:
-            return f", waited {int(stats.read().split()[1]) / 1e9:.3f} s"
-    except (OSError, IndexError, ValueError):
-        return ""
 
 
 def _request(dumps: Path) -> str:

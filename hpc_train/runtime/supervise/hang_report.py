@@ -21,8 +21,7 @@ _WAITING = re.compile(
     r"synchronize_gradients|any_ranks?|gather_object)\b"
 )
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+", re.MULTILINE)
-# the end of a dump's first line: the process's CPU time, and how long its main thread waited for a core
-_CPU = re.compile(r", cpu ([0-9]+(?:\.[0-9]+)?) s(?:, waited ([0-9]+(?:\.[0-9]+)?) s)?$")
+_CPU = re.compile(r", cpu ([0-9]+(?:\.[0-9]+)?) s$")  # the end of a dump's first line: the process's CPU time
 
 
 @dataclass
@@ -52,12 +51,6 @@ def cpu_seconds(dump: str) -> float | None:
     """The CPU time the rank's process had used when it wrote ``dump`` (its first line); None if not said."""
     found = _CPU.search(dump.split("\n", 1)[0])
     return float(found.group(1)) if found else None
-
-
-def waited_seconds(dump: str) -> float:
-    """How long the rank's main thread had waited for a core when it wrote ``dump``; 0 where not said."""
-    found = _CPU.search(dump.split("\n", 1)[0])
-    return float(found.group(2)) if found and found.group(2) else 0.0
 
 
 def waiting(frames: list[str]) -> bool:

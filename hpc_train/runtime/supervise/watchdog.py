@@ -30,15 +30,7 @@ from typing import Any
 from hpc_train import contract
 from hpc_train.runtime.lifecycle.heartbeat import FLIGHT_RECORD_SUFFIX, REQUEST, dump_folder
 from hpc_train.runtime.log import log
-from hpc_train.runtime.supervise.hang_report import (
-    Culprit,
-    behind,
-    cpu_seconds,
-    last_collectives,
-    main_stack,
-    waited_seconds,
-    waiting,
-)
+from hpc_train.runtime.supervise.hang_report import Culprit, behind, cpu_seconds, last_collectives, main_stack, waiting
 from hpc_train.runtime.supervise.outside_stacks import dump_from_outside
 from hpc_train.runtime.supervise.suspects import record_suspect
 
@@ -57,11 +49,6 @@ RECHECK_S = 5.0  # between the two looks at a plain script's collectives (or sta
 # CPU a rank may use between those looks and still sit still: its heartbeat thread and the answer itself
 # take milliseconds; a rank that computes (an evaluation, data preparation) takes about RECHECK_S
 IDLE_CPU_S = 0.25
-# ... unless the node's cores are all taken (data loader workers, another job): a computing rank then gets a
-# sliver of CPU and waits for the rest, so one whose main thread ran or waited to run for this share of the
-# time works too. A blocked rank's main thread neither runs nor waits; one polling in a rendezvous wakes
-# often, and on a machine loaded six times over its wakes and their waits came to 12% of the time
-BUSY_SHARE = 0.25
 NO_RECORD = "no flight record tells whether its collectives go on"
 POLL_S = 1.0
 # py-spy, one srun step per rank, in turn: a second or two each; the culprits are few, a whole silent job is not
@@ -301,10 +288,8 @@ def sat_still(first: dict[int, str], second: dict[int, str]) -> str:
         before, after = cpu_seconds(first[rank]), cpu_seconds(second[rank])
         if before is None or after is None:
             return f"rank {rank} does not say its CPU time"
-        used, waited = after - before, waited_seconds(second[rank]) - waited_seconds(first[rank])
-        if used > IDLE_CPU_S or used + waited > BUSY_SHARE * RECHECK_S:
-            queued = f", and waited {waited:.1f} s for a core" if waited >= 0.05 else ""
-            return f"rank {rank} works ({used:.1f} s of CPU in {RECHECK_S:g} s{queued})"
+        if after - before > IDLE_CPU_S:
+            return f"rank {rank} works ({after - before:.1f} s of CPU in {RECHECK_S:g} s)"
     return ""
 
 
