@@ -122,6 +122,7 @@ bench: install
 	$(PY) bench/checkpoint.py
 	$(PY) bench/metrics_overhead.py
 	$(PY) bench/flight_recorder.py
+	$(PY) bench/snapshot.py
 
 # benchmarks that need the Slurm sandbox (started here, left up)
 bench-cluster: system-deps install
