@@ -4,7 +4,6 @@ packages, read from their metadata rather than by running pip (a second on a bus
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import os
 import platform
@@ -12,6 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hpc_train.snapshot.files import Project, git
+from hpc_train.snapshot.store import digest_of  # one digest for the store's names and the records'
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ def provenance(project: Project) -> tuple[Provenance, bytes]:
     status = git(root, "status", "--porcelain", "--untracked-files=normal")
     dirty = bool(status and status.strip())
     diff = (git(root, "diff", "HEAD", "--binary") or b"") if commit and dirty else b""
-    digest = hashlib.blake2b(diff, digest_size=16).hexdigest() if diff else None
+    digest = digest_of(diff) if diff else None
     return Provenance(commit, branch, dirty, digest, platform.python_version(), packages), diff
 
 
@@ -59,7 +59,7 @@ def installed_packages() -> list[str]:
 
 
 def packages_digest() -> str:
-    return hashlib.blake2b("\n".join(installed_packages()).encode(), digest_size=16).hexdigest()
+    return digest_of("\n".join(installed_packages()).encode())
 
 
 def write_diff(diff: bytes, folder: Path) -> Path | None:
@@ -67,7 +67,7 @@ def write_diff(diff: bytes, folder: Path) -> Path | None:
     what the files were, not which commit they differ from."""
     if not diff:
         return None
-    path = folder / f"{hashlib.blake2b(diff, digest_size=16).hexdigest()}.diff"
+    path = folder / f"{digest_of(diff)}.diff"
     if not path.exists():
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f".tmp-{path.name}-{os.getpid()}"
