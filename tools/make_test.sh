@@ -20,12 +20,34 @@ fail() {
     tail -n 60 "$2"
     exit 1
 }
-# phase NAME CMD...: run CMD with its output in a log, and note how long it took
+# The longest each set-up phase may take on a fresh machine, several times what it takes (a fresh machine:
+# apt and pip a minute or two each, Horovod compiled in about five). A phase that hangs (a stalled download,
+# a prompt) fails with its log and what it was still running, instead of holding CI until CI's own limit
+# ends it with nothing said: stop 39's CI printed "set-up" and then nothing for 90 minutes.
+declare -A LIMIT=([system-deps]=1200 [install]=900 [backends]=1800 [cluster]=300 [lint]=600)
+
+# phase NAME CMD...: run CMD (stdin closed: nothing may wait for an answer) in a process group of its own,
+# with its output in a log; say when it starts and ends; past its limit, show what it was running and stop it
 phase() {
-    local name=$1 start=$SECONDS
+    local name=$1 start=$SECONDS limit=${LIMIT[$1]} pid
     shift
-    "$@" >"$LOGS/$name.log" 2>&1 || fail "$name" "$LOGS/$name.log"
-    printf '%-12s %4d s\n' "$name" "$((SECONDS - start))" >>"$LOGS/times"  # a file: some phases run in a subshell
+    say "  $name ..."
+    setsid "$@" </dev/null >"$LOGS/$name.log" 2>&1 &
+    pid=$!
+    while kill -0 "$pid" 2>/dev/null; do
+        if ((SECONDS - start > limit)); then
+            say "$name: still running after $limit s; what it runs:"
+            ps -o pid,etime,time,stat,args --forest -g "$pid" | cut -c1-240
+            kill -TERM -- "-$pid" 2>/dev/null
+            sleep 5
+            kill -KILL -- "-$pid" 2>/dev/null
+            wait "$pid"
+            fail "$name (timed out)" "$LOGS/$name.log"
+        fi
+        sleep 1
+    done
+    wait "$pid" || fail "$name" "$LOGS/$name.log"
+    say "  $name done in $((SECONDS - start)) s"
 }
 
 say "set-up (logs in $LOGS)"
@@ -46,7 +68,6 @@ phase cluster bash tests/cluster/sandbox.sh up &
 cluster=$!
 phase lint make --no-print-directory lint-checks
 wait "$cluster" || exit 1
-while read -r line; do say "  $line"; done <"$LOGS/times"
 
 # DeepSpeed's CPU op, compiled by `make backends`, for every process of the run: the conftest sets it per test,
 # but a process outside a test (collection, a job whose environment was not the test's) compiled it again
@@ -56,7 +77,7 @@ export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.venv/torch_extensions
 # waiting in a collective yields its core to the rank it waits for instead of polling on it
 export OMPI_MCA_mpi_yield_when_idle=1
 # and the same transports and crash reports as the sandbox's jobs (site_configs/sandbox.yaml says why)
-export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp OMPI_MCA_opal_signal= PYTHONFAULTHANDLER=1
+export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp OMPI_MCA_opal_signal='' PYTHONFAULTHANDLER=1
 say "pytest -n $WORKERS (one sandbox for every worker), then the serial tests alone"
 start=$SECONDS
 # how busy the cores were: make test is CPU-bound here, so CPU seconds are what a test costs the run

@@ -25,19 +25,27 @@ log "missing: ${missing[*]}"
 
 export DEBIAN_FRONTEND=noninteractive
 APT_OPTS=(-y --no-install-recommends -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold)
+# a stalled mirror or another apt holding the lock (a fresh machine's own upgrade) fails within minutes, not never
+APT_NET=(-o Acquire::Retries=3 -o Acquire::http::Timeout=60 -o Acquire::https::Timeout=60 -o DPkg::Lock::Timeout=300)
+APT_OPTS+=("${APT_NET[@]}")
+# an install stopped half-way (make test's set-up limit) leaves dpkg asking for this before anything else
+if [ -n "$(dpkg --audit 2>/dev/null)" ]; then
+  log "dpkg was interrupted: dpkg --configure -a"
+  dpkg --configure -a
+fi
 
 lists_present() { compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null; }
 
 updated=0
 if ! lists_present; then
   log "apt-get update (no package lists)"
-  apt-get update -q
+  apt-get update -q "${APT_NET[@]}"
   updated=1
 fi
 if ! apt-get install "${APT_OPTS[@]}" "${PKGS[@]}"; then
   [ $updated = 1 ] && exit 1
   log "install failed; apt-get update and retry"
-  apt-get update -q
+  apt-get update -q "${APT_NET[@]}"
   apt-get install "${APT_OPTS[@]}" "${PKGS[@]}"
 fi
 log "done"
