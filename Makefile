@@ -46,16 +46,16 @@ backends: install system-deps
 	$(MAKE) -j2 horovod deepspeed-ops
 
 # DeepSpeed's CPU all-reduce op, compiled once where the tests and their jobs look for it (tests/conftest.py):
-# .venv/torch_extensions, a link into a per-machine cache keyed by Python, torch and DeepSpeed where
-# DS_OPS_CACHE is writable, so a second clone on the machine loads it instead of compiling it again (about
-# 60 s of CPU); torch rebuilds it there itself when its sources or flags differ. DS_OPS_CACHE= : no cache.
-DS_OPS_CACHE ?= /var/cache/hpc_train/torch_extensions
+# the clone's own .venv/torch_extensions. Not a per-machine cache: torch compiles with the venv's absolute
+# paths, so another clone rebuilt it there anyway, and a build killed there (at a session's end) left torch's
+# lock file behind, on which every later load in every clone waited forever: stop 39's CI, on this machine,
+# waited in `make backends` for 90 minutes. Nothing else uses the folder while make builds it, so a lock
+# found here is stale; and the build gets 15 minutes, not forever.
 deepspeed-ops:
 	@dir="$${TORCH_EXTENSIONS_DIR:-$(CURDIR)/$(VENV)/torch_extensions}"; \
-	key=$$($(PY) -c "import sys, importlib.metadata as m; print('py%d%d-torch%s-deepspeed%s' % (*sys.version_info[:2], m.version('torch'), m.version('deepspeed')))"); \
-	if [ -z "$${TORCH_EXTENSIONS_DIR:-}" ] && [ -n "$(DS_OPS_CACHE)" ] && [ ! -e "$$dir" ] && mkdir -p "$(DS_OPS_CACHE)/$$key" 2>/dev/null && [ -w "$(DS_OPS_CACHE)/$$key" ]; then \
-	  ln -s "$(DS_OPS_CACHE)/$$key" "$$dir"; echo "deepspeed-ops: $$dir -> $(DS_OPS_CACHE)/$$key"; fi; \
-	TORCH_EXTENSIONS_DIR="$$dir" $(PY) -c "from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder as B; B().load(verbose=False)"
+	if [ -L "$$dir" ]; then rm "$$dir"; echo "deepspeed-ops: $$dir is a folder of this clone's again, not a link"; fi; \
+	for lock in "$$dir"/*/lock; do if [ -e "$$lock" ]; then echo "deepspeed-ops: removing a stale $$lock"; rm -f "$$lock"; fi; done; \
+	TORCH_EXTENSIONS_DIR="$$dir" timeout 900 $(PY) -c "from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder as B; B().load(verbose=False)"
 
 horovod: install
 	bash tools/build_horovod.sh $(VENV)
