@@ -69,3 +69,34 @@ def test_builtins_come_through(monkeypatch, tmp_path):
     monkeypatch.setenv("HPC_TRAIN_NO_CACHE", "1")
     names = {e.name for e in entry_points("hpc_train")}
     assert {"torchrun", "deepspeed", "horovod", "mpi"} <= names
+
+
+def test_read_without_importlib_metadata_finds_what_it_finds(tmp_path, monkeypatch):
+    first, second = tmp_path / "first", tmp_path / "second"
+    fake_dist(first, "acme_plugin", "acme = acme_mod:Plugin [extra]\n# a comment\n\n[other_group]\nnot = ours")
+    fake_dist(second, "acme_plugin", "acme = shadowed_mod")  # the same distribution further down sys.path
+    egg = second / "eggy.egg-info"
+    write(egg / "PKG-INFO", "Metadata-Version: 1.2\nName: eggy\nVersion: 2.0\n\nName: not-the-header\n")
+    write(egg / "entry_points.txt", "[hpc_train]\n  eggy=eggy.plugin  \n")
+    monkeypatch.syspath_prepend(str(second))
+    monkeypatch.syspath_prepend(str(first))
+    monkeypatch.setenv("HPC_TRAIN_NO_CACHE", "1")
+    import importlib.metadata
+
+    theirs = [
+        (e.name, e.value, e.dist.metadata["Name"], e.dist.version) for e in importlib.metadata.entry_points(group="hpc_train")
+    ]
+    ours = [(e.name, e.value, e.distribution, e.version) for e in entry_points("hpc_train")]
+    assert ours == theirs
+    assert ("acme", "acme_mod:Plugin [extra]", "acme_plugin", "1.0") in ours and ("eggy", "eggy.plugin", "eggy", "2.0") in ours
+    assert not [e for e in ours if e[1] == "shadowed_mod"]
+
+
+def test_the_sites_a_distribution_ships_are_read_from_its_file_list(tmp_path):
+    info = tmp_path / "acme_hpc-1.0.dist-info"
+    write(info / "METADATA", "Metadata-Version: 2.1\nName: acme-hpc\nVersion: 1.0\n")
+    write(
+        info / "RECORD", "acme_hpc/__init__.py,,\nacme_hpc/sites/acme.yaml,,\nacme_hpc/sites/notes.txt,,\nother/sites/x.yaml,,\n"
+    )
+    assert EntryPoint("acme", "acme_hpc.plugin", "acme-hpc", "1.0", str(info)).sites == ("acme",)
+    assert EntryPoint("acme", "acme_hpc.plugin", None, None).sites == ()
