@@ -25,6 +25,8 @@
 # Environment knobs:
 #   HOROVOD_WHEEL_CACHE  where built wheels are kept (default /var/cache/hpc_train/horovod; "" = none)
 #   HOROVOD_BUILD_LOG   build log file (default: VENV_DIR/horovod-build.log)
+#   HOROVOD_SDIST       Horovod's sdist fetched earlier (make horovod-sdist, beside make test's other set-up);
+#                       unset or missing: downloaded here
 #   HOROVOD_BUILD_JOBS  parallel compile jobs, default 2 (Horovod's setup.py would otherwise use -j8)
 #   HOROVOD_BUILD_ARCH_FLAGS  passed through if set; unset lets Horovod probe -march=native
 #   HOROVOD_BUILD_NO_APT=1    never call apt-get
@@ -193,8 +195,12 @@ run_logged "${PIP[@]}" install "${BUILD_DEPS[@]}" "torch==$TORCH_VERSION"
 cmake_ok || die "cmake still not usable after installing build deps"
 
 phase "download sdist"
-run_logged "${PIP[@]}" download --no-deps --no-binary :all: -d "$WORK" "horovod==$HOROVOD_VERSION"
 SDIST="$WORK/horovod-$HOROVOD_VERSION.tar.gz"
+if [[ -n "${HOROVOD_SDIST:-}" && -f "$HOROVOD_SDIST" ]]; then
+    cp "$HOROVOD_SDIST" "$SDIST" && log "sdist fetched earlier: $HOROVOD_SDIST"
+else
+    run_logged "${PIP[@]}" download --no-deps --no-binary :all: -d "$WORK" "horovod==$HOROVOD_VERSION"
+fi
 [[ -f "$SDIST" ]] || die "sdist $SDIST not found after pip download"
 tar -xzf "$SDIST" -C "$WORK"
 SRC="$WORK/horovod-$HOROVOD_VERSION"

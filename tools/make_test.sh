@@ -24,7 +24,7 @@ fail() {
 # apt and pip a minute or two each, Horovod compiled in about five). A phase that hangs (a stalled download,
 # a prompt) fails with its log and what it was still running, instead of holding CI until CI's own limit
 # ends it with nothing said: stop 39's CI printed "set-up" and then nothing for 90 minutes.
-declare -A LIMIT=([system-deps]=1200 [install]=900 [backends]=1800 [cluster]=300 [lint]=600)
+declare -A LIMIT=([system-deps]=1200 [install]=900 [fetch]=120 [backends]=1800 [cluster]=300 [lint]=600)
 
 # phase NAME CMD...: run CMD (stdin closed: nothing may wait for an answer) in a process group of its own,
 # with its output in a log; say when it starts and ends; past its limit, show what it was running and stop it
@@ -51,11 +51,16 @@ phase() {
 }
 
 say "set-up (logs in $LOGS)"
-# 1. the Debian packages (Slurm, munge, MariaDB, Open MPI) beside the venv and its Python packages
+# 1. the Debian packages (Slurm, munge, MariaDB, Open MPI) beside the venv and its Python packages, and
+# Horovod's source (a download: the network, not the cores) beside both
 phase system-deps make --no-print-directory system-deps &
 apt=$!
+phase fetch make --no-print-directory horovod-sdist &
+fetch=$!
 phase install make --no-print-directory install
 wait "$apt" || exit 1
+# a fetch that failed costs nothing more: build_horovod.sh downloads the source itself when it needs it
+wait "$fetch" || say "  (fetch failed: Horovod's build downloads its source itself)"
 # 2. the backends' frameworks: DeepSpeed, mpi4py (built against Open MPI), Horovod (a cached build if any)
 phase backends make --no-print-directory backends
 # 3. the sandbox's start beside lint
@@ -83,6 +88,8 @@ start=$SECONDS
 # how busy the cores were: make test is CPU-bound here, so CPU seconds are what a test costs the run
 read -r _ u0 n0 s0 i0 _ </proc/stat
 if [ -n "${HPC_TRAIN_TEST_CPU:-}" ]; then  # per test, from the processes each one started (tools/test_cpu.py)
+    export HPC_TRAIN_TEST_CPU_MARKS="$LOGS/forked-ranks" HPC_TRAIN_TEST_CPU_INPROC="$LOGS/test_cpu_inproc.jsonl"
+    mkdir -p "$HPC_TRAIN_TEST_CPU_MARKS"
     .venv/bin/python tools/test_cpu.py sample "$LOGS/test_cpu.json" &
     sampler=$!
 fi
