@@ -6,8 +6,12 @@ busy), so a test's CPU seconds, not its wall time, are what it costs the run.
     python tools/test_cpu.py sample OUT.json     # until SIGTERM/SIGINT (tools/make_test.sh: HPC_TRAIN_TEST_CPU=1)
     python tools/test_cpu.py report OUT.json [N]  # per file and the N costliest tests
 
-A process that lives less than a second may be missed, and the last second of each is; the test
-process's own CPU (in-process tests) is not counted. Linux only, standard library only.
+With HPC_TRAIN_TEST_CPU_MARKS (a folder) a rank forked by tests/rank_launcher.py names its test there, and
+with HPC_TRAIN_TEST_CPU_INPROC (a file) each test's CPU in its pytest worker is added (tests/cpu_meter.py).
+
+A process that lives less than a second may be missed, and the last second of each is; without
+HPC_TRAIN_TEST_CPU_INPROC the test process's own CPU (in-process tests) is not counted. Linux only,
+standard library only.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ from pathlib import Path
 MARK = b"PYTEST_CURRENT_TEST="
 
 
-def _read(pid: str, tick: int) -> tuple[str, float, str] | None:
-    """(start time, CPU seconds, the test) of a process that has the variable; None otherwise or gone."""
+def _read(pid: str, tick: int, marks: Path | None) -> tuple[str, float, str] | None:
+    """(start time, CPU seconds, the test) of a process that has the variable; None otherwise or gone. A rank
+    forked by tests/rank_launcher.py names its test in MARKS (its environ is its server's)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_bytes().decode(errors="replace")
         fields = stat[stat.rindex(")") + 2 :].split()
@@ -35,8 +40,12 @@ def _read(pid: str, tick: int) -> tuple[str, float, str] | None:
     at = env.find(MARK)
     if at < 0:
         return None
-    test = env[at + len(MARK) : env.find(b"\0", at)].decode(errors="replace").rsplit(" (", 1)[0]
-    return fields[19], cpu, test
+    test = env[at + len(MARK) : env.find(b"\0", at)].decode(errors="replace")
+    try:
+        test = (marks / f"{pid}:{fields[19]}").read_text() if marks else test
+    except OSError:
+        pass
+    return fields[19], cpu, test.rsplit(" (", 1)[0]
 
 
 def kind(pid: str) -> str:
@@ -62,6 +71,7 @@ def kind(pid: str) -> str:
 
 def sample(out: Path) -> None:
     tick = os.sysconf("SC_CLK_TCK")
+    marks = Path(os.environ["HPC_TRAIN_TEST_CPU_MARKS"]) if os.environ.get("HPC_TRAIN_TEST_CPU_MARKS") else None
     seen: dict[str, list] = {}  # "pid:start" -> [test, cpu seconds, kind]
     stop = []
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -69,7 +79,7 @@ def sample(out: Path) -> None:
     rounds = 0
     while not stop:
         for pid in filter(str.isdigit, os.listdir("/proc")):
-            found = _read(pid, tick)
+            found = _read(pid, tick, marks)
             if found:
                 start, cpu, test = found
                 key = f"{pid}:{start}"
@@ -81,8 +91,13 @@ def sample(out: Path) -> None:
     out.write_text(json.dumps(seen))
 
 
-def report(path: Path, top: int) -> None:
+def report(path: Path, top: int, inproc: Path | None = None) -> None:
     seen = json.loads(path.read_text())
+    # the tests' own CPU in their pytest worker (tests/cpu_meter.py), as one more "process" each
+    lines = inproc.read_text().splitlines() if inproc and inproc.exists() else []
+    for n, line in enumerate(lines):
+        test, cpu = json.loads(line)
+        seen[f"inproc:{n}"] = [test, cpu, "the test itself (its pytest worker)"]
     tests: collections.Counter[str] = collections.Counter()
     files: collections.Counter[str] = collections.Counter()
     kinds: collections.Counter[str] = collections.Counter()
@@ -109,4 +124,5 @@ if __name__ == "__main__":
     if sys.argv[1] == "sample":
         sample(Path(sys.argv[2]))
     else:
-        report(Path(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 20)
+        inproc = os.environ.get("HPC_TRAIN_TEST_CPU_INPROC")
+        report(Path(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 20, Path(inproc) if inproc else None)
