@@ -15,7 +15,7 @@ PYTEST_WORKERS ?= 4
 # 61 ms more per rank, 0.15 s per CLI call, 2.6 s per collection of the suite
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: help venv install backends horovod horovod-sdist deepspeed-ops system-deps demo lint lint-checks test test-unit soak test-gpu scenarios test-e2e cluster-up cluster-down cluster-status bench bench-cluster clean
+.PHONY: help venv install backends backend-packages horovod horovod-sdist deepspeed-ops system-deps demo lint lint-checks test test-unit soak test-gpu scenarios test-e2e cluster-up cluster-down cluster-status bench bench-cluster clean
 
 help:
 	@echo "make demo          set up .venv, install, run a 2-process DDP job on the local site"
@@ -46,9 +46,12 @@ $(INSTALLED): setup.cfg pyproject.toml | $(PY)
 # the backends' frameworks: DeepSpeed and mpi4py from PyPI (torch pinned), Horovod built against our torch
 # Horovod (built from source on a fresh machine, else its cached wheel) beside DeepSpeed's op (a compile
 # of its own): neither reads what the other writes, and each alone leaves a core idle
-backends: install system-deps
-	$(PIP) install -q deepspeed mpi4py "$(TORCH)"
+backends: backend-packages
 	$(MAKE) -j2 horovod deepspeed-ops
+
+# the backends' Python packages alone: make test type-checks after them (mpi4py ships type stubs) and beside the compiles
+backend-packages: install system-deps
+	$(PIP) install -q deepspeed mpi4py "$(TORCH)"
 
 # DeepSpeed's CPU all-reduce op, compiled once where the tests and their jobs look for it (tests/conftest.py):
 # the clone's own .venv/torch_extensions. Not a per-machine cache: torch compiles with the venv's absolute

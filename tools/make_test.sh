@@ -3,8 +3,9 @@
 # the ten slowest tests and the total.
 #
 # The phases overlap where nothing they share can race: the apt packages beside the Python packages (they
-# write different trees), the sandbox's start beside lint (the cluster reads no site-packages; lint writes
-# nothing). The Python packages are installed one pip at a time, so lint always sees the same tree.
+# write different trees) and Horovod's source download; the compiles (Horovod, DeepSpeed's op) beside the
+# sandbox's start and lint (the cluster reads no site-packages; lint writes nothing and reads only typed
+# packages, installed before). The Python packages are installed one pip at a time.
 #
 # Usage: tools/make_test.sh WORKERS [PYTEST_ARGS...]     (the Makefile passes $(PYTEST_WORKERS), $(PYTEST_ARGS))
 set -uo pipefail
@@ -24,7 +25,7 @@ fail() {
 # apt and pip a minute or two each, Horovod compiled in about five). A phase that hangs (a stalled download,
 # a prompt) fails with its log and what it was still running, instead of holding CI until CI's own limit
 # ends it with nothing said: stop 39's CI printed "set-up" and then nothing for 90 minutes.
-declare -A LIMIT=([system-deps]=1200 [install]=900 [fetch]=120 [backends]=1800 [cluster]=300 [lint]=600)
+declare -A LIMIT=([system-deps]=1200 [install]=900 [fetch]=120 [packages]=900 [compile]=1800 [cluster]=300 [lint]=600)
 
 # phase NAME CMD...: run CMD (stdin closed: nothing may wait for an answer) in a process group of its own,
 # with its output in a log; say when it starts and ends; past its limit, show what it was running and stop it
@@ -61,18 +62,23 @@ phase install make --no-print-directory install
 wait "$apt" || exit 1
 # a fetch that failed costs nothing more: build_horovod.sh downloads the source itself when it needs it
 wait "$fetch" || say "  (fetch failed: Horovod's build downloads its source itself)"
-# 2. the backends' frameworks: DeepSpeed, mpi4py (built against Open MPI), Horovod (a cached build if any)
-phase backends make --no-print-directory backends
-# 3. the sandbox's start beside lint
+# 2. the backends' Python packages (DeepSpeed, mpi4py), then their compiles (Horovod, unless a build is cached;
+# DeepSpeed's op) beside the sandbox's start and lint: the cluster reads no site-packages, and mypy reads only
+# packages with type information, which neither compile installs (Horovod ships none; mpi4py's stubs, which
+# mypy does read, are in place before). Lint's 15-19 s come off the set-up's critical path
 if [ "${HPC_TRAIN_SANDBOX_KEEP:-}" = 1 ]; then
     keep=1
 else
     keep=0
 fi
+phase packages make --no-print-directory backend-packages
+phase compile make --no-print-directory -j2 horovod deepspeed-ops &
+compile=$!
 phase cluster bash tests/cluster/sandbox.sh up &
 cluster=$!
 phase lint make --no-print-directory lint-checks
 wait "$cluster" || exit 1
+wait "$compile" || exit 1
 
 # DeepSpeed's CPU op, compiled by `make backends`, for every process of the run: the conftest sets it per test,
 # but a process outside a test (collection, a job whose environment was not the test's) compiled it again
