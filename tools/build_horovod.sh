@@ -196,7 +196,7 @@ cmake_ok || die "cmake still not usable after installing build deps"
 
 phase "download sdist"
 SDIST="$WORK/horovod-$HOROVOD_VERSION.tar.gz"
-if [[ -n "${HOROVOD_SDIST:-}" && -f "$HOROVOD_SDIST" ]]; then
+if [[ -f "${HOROVOD_SDIST:-}" && "$(basename "$HOROVOD_SDIST")" == "horovod-$HOROVOD_VERSION.tar.gz" ]]; then
     cp "$HOROVOD_SDIST" "$SDIST" && log "sdist fetched earlier: $HOROVOD_SDIST"
 else
     run_logged "${PIP[@]}" download --no-deps --no-binary :all: -d "$WORK" "horovod==$HOROVOD_VERSION"
