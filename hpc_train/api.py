@@ -56,7 +56,7 @@ def submit(
     target: str | os.PathLike[str] | Callable[..., Any], *args: Any, plugins: Plugins | None = None, **options: Any
 ) -> JobHandle:
     """Submit a training script (``target`` a path; ``args`` its arguments) or a function (``args`` its arguments)."""
-    from hpc_train.submission.executor import submit_plan
+    from hpc_train.submission.executor import submit_plan, submit_with_code
 
     plugins = plugins or default_plugins()
     if options.get("after") is not None:  # handles and sweep ids become job ids
@@ -71,7 +71,7 @@ def submit(
         job = make_job(script=os.fspath(target), script_args=[str(a) for a in args], **options)
         plan = plan_job(job, plugins, submitting=True)  # refuses to train on a login node by fallback
         warn_about(plan)
-        handle = submit_plan(plan, lambda p: render_plan(p, plugins))
+        handle = submit_with_code(plan, lambda p: render_plan(p, plugins))
     plugins.after_submit(handle, plan)
     return handle
 

@@ -118,6 +118,7 @@ ENV_MAX_BAD_STEPS = "HPC_TRAIN_MAX_BAD_STEPS"  # --max-bad-steps: non-finite ste
 ENV_ON_DIVERGENCE = "HPC_TRAIN_ON_DIVERGENCE"  # --on-divergence: stop or rollback after them
 ENV_BACKEND_OPTIONS = "HPC_TRAIN_BACKEND_OPTIONS"  # JSON: the backend's options, site defaults under the job's
 ENV_SITE = "HPC_TRAIN_SITE"  # the site's name, as the plan resolved it
+ENV_CODE = "HPC_TRAIN_CODE"  # the snapshot the script runs from (hpc_train.snapshot): the project as submitted; plan
 ENV_JOB_ROOT = "HPC_TRAIN_JOB_ROOT"  # the folder the job folders are made in (--job-root, the site's job_root)
 
 

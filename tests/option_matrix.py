@@ -151,6 +151,11 @@ OPTIONS: dict[str, Entry] = {
     ),
     "--workdir": Entry(["--workdir", "/w"], text_has("\ncd /w\n"), "`cd` before the launch"),
     "--job-root": Entry(["--job-root", "/jr"], text_has("export HPC_TRAIN_JOB_ROOT=/jr"), "`HPC_TRAIN_JOB_ROOT`, the logs"),
+    "--snapshot": Entry(
+        ["--no-snapshot"],
+        lambda p, t, c: p.code is None and "HPC_TRAIN_CODE" not in t and f" {p.job.script}" in t,
+        "off: the script runs in place (on, the default: its project's copy, `HPC_TRAIN_CODE`)",
+    ),
     # training (the job's runtime reads them)
     "--precision": env_entry("precision", "--precision", "bf16"),
     "--grad-clip": env_entry("grad_clip", "--grad-clip", "1.5"),

@@ -32,6 +32,7 @@ COMMANDS = (
     "diagnose",
     "doctor",
     "preflight",
+    "gc",
 )
 
 

@@ -22,13 +22,14 @@ def run(args: argparse.Namespace) -> int:
     from hpc_train.api import check_script, make_job
     from hpc_train.cli.validate_cmd import checked_plan, render_checked
     from hpc_train.plugin.manager import default_plugins
-    from hpc_train.submission.prepare import site_for
+    from hpc_train.submission.prepare import code_for, site_for
 
     plugins = default_plugins()
     job = make_job(**job_options(args))
     resolved = site_for(job, plugins)  # without --site: which one and why, on stderr
     check_script(job)
-    plan = checked_plan(job, resolved, plugins)  # the check `validate` runs, so the two agree
+    # the snapshot is stored: the script printed names it, and `render > job.sh; sbatch job.sh` runs it
+    plan = checked_plan(job, resolved, plugins, code=code_for(job, resolved, submitting=False))  # as `validate` checks
     sys.stdout.write(render_checked(plan, plugins))
     # stderr, so `render > job.sh` stays the exact script; the sources are on each export line
     if plan.nccl_profile:

@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         "folder": str(handle.folder),
         "log": str(handle.log_path(0)),
         "cause": _cause(handle.folder) if state == "FAILED" else None,
+        "code": code_line(record.code),
         **handle.story(state).as_dict(),  # why: retried how often and from where, or why not; retries; not_retried
     }
     if args.json:
@@ -67,12 +68,26 @@ def run(args: argparse.Namespace) -> int:
         "exit_code",
         "why",
         "cause",
+        "code",
         "folder",
         "log",
     ):
         if data[key] not in ("", None):
             print(f"  {key.replace('_', ' ')}: {data[key]}")
     return 0
+
+
+def code_line(code: dict | None) -> str | None:
+    """What the job runs: "commit 1a2b3c4d (main, with uncommitted changes), snapshot 9f8e..." or None."""
+    if not code:
+        return None
+    prov = code.get("provenance") or {}
+    parts = []
+    if prov.get("commit"):
+        where = ", ".join(filter(None, [prov.get("branch"), "with uncommitted changes" if prov.get("dirty") else None]))
+        parts.append(f"commit {prov['commit'][:12]}" + (f" ({where})" if where else ""))
+    parts.append(f"snapshot {str(code.get('digest', ''))[:12]} of {code.get('project', '?')}")
+    return ", ".join(parts)
 
 
 def _cause(folder: Path) -> str | None:

@@ -26,12 +26,12 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return parser
 
 
-def checked_plan(job: JobSpec, resolved: ResolvedSite, plugins: Plugins) -> JobPlan:
+def checked_plan(job: JobSpec, resolved: ResolvedSite, plugins: Plugins, code: Any = None) -> JobPlan:
     """The shared check (hpc_train.submission.prepare.checked_plan), imported when used: building
-    the parser must stay cheap."""
+    the parser must stay cheap. ``code``: what takes the snapshot the script runs from (render)."""
     from hpc_train.submission.prepare import checked_plan as check
 
-    return check(job, resolved, plugins)
+    return check(job, resolved, plugins, code)
 
 
 def render_checked(plan: JobPlan, plugins: Plugins) -> str:

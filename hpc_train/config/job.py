@@ -198,6 +198,13 @@ class JobSpec(Model):
         group=WHERE,
         help="folder for job folders (default: the site's job_root)",
     )
+    snapshot: bool | None = setting(
+        None,
+        "run the script's project as it is now, from a snapshot (default: the site's, on)",
+        group=WHERE,
+        help="run a copy of the script's project taken now, whatever is edited before the job starts or requeues "
+        "(default: the site's, on; --no-snapshot runs the files in place)",
+    )
     # training options, read inside the job by hpc_train.runtime (every backend)
     precision: Literal["fp32", "bf16", "fp16"] | None = setting(
         None, "mixed precision (fp16 adds loss scaling)", group=TRAINING, env=contract.ENV_PRECISION

@@ -287,6 +287,25 @@ class Tools(Model):
 
 
 @dataclass(frozen=True, kw_only=True)
+class CodeSnapshot(Model):
+    """Whether a script job runs a copy of its project taken at submit (hpc_train.snapshot), and how big one may be."""
+
+    enabled: bool = setting(
+        True, "a script job runs its project as it was at submit, whatever is edited meanwhile (false: the files in place)"
+    )
+    max_size: Annotated[str, After(_mem_size)] = setting(
+        "1G", "a larger snapshot is refused before anything is queued, naming the largest files (K, M, G, T)"
+    )
+    gc_above: Annotated[int, Ge(0), Before(_integer)] = setting(
+        100, "past this many snapshots in the job root, a submit removes those no queued job needs (0: only `gc` does)"
+    )
+
+    @property
+    def max_bytes(self) -> int:
+        return int(mem_megabytes(self.max_size) * 1024 * 1024)
+
+
+@dataclass(frozen=True, kw_only=True)
 class SiteConfig(Model):
     """A cluster (or this machine) as hpc_train targets it."""
 
@@ -308,6 +327,7 @@ class SiteConfig(Model):
     requeue: Requeue = setting(factory=Requeue)
     health: Health = setting(factory=Health)
     tools: Tools = setting(factory=Tools)
+    snapshot: CodeSnapshot = setting(factory=CodeSnapshot)
     storage: dict[Annotated[str, After(_storage_key)], str] = setting(
         doc=f"named shared paths, exported as {contract.storage_dir_env('<NAME>')}", factory=dict
     )

@@ -56,5 +56,22 @@ def failure_cause(folder: Path) -> str | None:
         own = [(error, frame) for error, frame in exceptions(_lines(log)) if not _LAUNCHER.match(error)]
         if own:
             error, frame = own[-1]
-            return error + (f" (at {frame}; {log.name})" if frame else f" ({log.name})")
+            return error + (f" (at {as_submitted(frame, folder)}; {log.name})" if frame else f" ({log.name})")
     return None
+
+
+def as_submitted(frame: str, folder: Path) -> str:
+    """A frame in the job's code snapshot, named by the file the user edits: the snapshot's folder is a digest
+    nobody recognises, and the project's file held the same code when the job was submitted."""
+    import json
+
+    from hpc_train import contract
+
+    try:
+        code = json.loads((folder / contract.RECORD).read_text()).get("code") or {}
+        tree, project = code["tree"], code["project"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return frame
+    if not frame.startswith(tree + "/"):
+        return frame
+    return f"{project}{frame[len(tree) :]}, as submitted"

@@ -58,6 +58,7 @@ class JobRecord:
     submitted_at: float = 0.0
     release_held: bool = False
     requeue: bool = False
+    code: dict[str, Any] | None = None  # the snapshot the script runs and where it came from (hpc_train.snapshot.code)
 
     @property
     def num_tasks(self) -> int:

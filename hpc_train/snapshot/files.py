@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     import pathspec
 
 IGNORE_FILE = ".hpc_trainignore"
+CACHEDIR_TAG = "CACHEDIR.TAG"  # a folder holding one is a cache (a snapshot store among them): never listed
+MAX_FILES = 100_000  # more is a home folder or a data folder, not a project: refused before it is all read
 # outside git only: a git tree says what it ignores in its own .gitignore
 DEFAULT_IGNORES = (
     ".git/",
@@ -79,6 +81,8 @@ class Entry:
 
 def find_project(script: Path) -> Project:
     folder = script.resolve().parent
+    if not any((p / ".git").exists() for p in (folder, *folder.parents)):
+        return Project(folder, False)  # no git above: spared the ~5 ms of starting git to hear so
     top = git(folder, "rev-parse", "--show-toplevel")
     if top is None or not top.strip():
         return Project(folder, False)
@@ -88,11 +92,23 @@ def find_project(script: Path) -> Project:
 def project_files(project: Project) -> list[Entry]:
     """The project's files, sorted by path; raises SnapshotError for a link that leaves the tree."""
     ignored = ignore_spec(project.root, defaults=not project.git)
-    names = sorted(set(git_names(project.root) if project.git else walked_names(project.root, ignored)))
+    names = sorted(set(capped(git_names(project.root) if project.git else walked_names(project.root, ignored), project)))
     if ignored.patterns:  # most projects have no .hpc_trainignore: 2,000 matches against nothing cost 40 ms
         names = [name for name in names if not ignored.match_file(name)]
     entries = (entry(project.root, os.fspath(project.root), name) for name in names)
     return [e for e in entries if e is not None]
+
+
+def capped(names: Iterable[str], project: Project) -> Iterator[str]:
+    for count, name in enumerate(names):
+        if count == MAX_FILES:
+            raise SnapshotError(
+                f"the snapshot of {project.root} would hold more than {MAX_FILES:,} files: is that folder a home "
+                "or data folder rather than the script's project?",
+                hint=f"put the script in a folder of its own, leave the rest out in {project.root / IGNORE_FILE}, "
+                "or run it in place with --no-snapshot",
+            )
+        yield name
 
 
 def git(folder: Path, *args: str) -> bytes | None:
@@ -117,6 +133,9 @@ def walked_names(root: Path, ignored: pathspec.PathSpec) -> Iterator[str]:
     for folder, dirs, files in os.walk(root):
         rel = Path(folder).relative_to(root).as_posix()
         prefix = "" if rel == "." else f"{rel}/"
+        if CACHEDIR_TAG in files and folder != os.fspath(root):
+            dirs[:] = []
+            continue
         # prune ignored folders here: a .venv holds tens of thousands of files nobody wants listed
         dirs[:] = [d for d in dirs if not ignored.match_file(f"{prefix}{d}/")]
         linked = [d for d in dirs if os.path.islink(os.path.join(folder, d))]  # a link is an entry, not a folder to enter

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_train.errors import SnapshotError
-from hpc_train.snapshot.files import IGNORE_FILE, Entry, Project
+from hpc_train.snapshot.files import CACHEDIR_TAG, IGNORE_FILE, Entry, Project
 
+# the Cache Directory Tagging Specification's signature (https://bford.info/cachedir/)
+CACHEDIR_TEXT = "Signature: 8a477f597d28d172789f06886806bc55\n# hpc_train's code snapshots: python -m hpc_train gc\n"
 MANIFEST = "hpc_train_snapshot.json"  # in the tree, beside the project's files (a name no project uses)
 CHUNK = 1 << 20
 SMALL = 4 << 20  # read whole: hashed before anything is written, so known content costs no write
@@ -57,6 +59,7 @@ class Store:
             raise store_failed(self.root, exc) from None
 
     def _save(self, project: Project, entries: list[Entry]) -> Snapshot:
+        self.mark()
         index = Index(self.root / "index" / f"{digest_of(os.fsencode(project.root))}.json")
         files = {e.path: e for e in entries if e.link is None}
         names = {path: self.object_for(project.root, e, index) for path, e in files.items()}
@@ -84,6 +87,15 @@ class Store:
         index.retain(set(files))
         index.save()
         return Snapshot(digest, tree, len(entries), sum(e.size for e in entries), reused)
+
+    def mark(self) -> None:
+        """Tag the store as what it is, so no snapshot ever holds one (a job root inside a project would
+        otherwise put every earlier snapshot into the next): CACHEDIR.TAG for a folder that is walked
+        (files.walked_names, and backup tools), a .gitignore of everything for one git lists."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        for name, text in ((CACHEDIR_TAG, CACHEDIR_TEXT), (".gitignore", "*\n")):
+            if not (self.root / name).exists():
+                (self.root / name).write_text(text)
 
     def has(self, name: str) -> bool:
         return (self.objects / name[:2] / name).exists()

@@ -148,9 +148,23 @@ def submit_plan(
         submitted_at=time.time(),
         release_held=plan.release_held and plan.requeue,
         requeue=plan.requeue,
+        code=plan.code.as_record() if plan.code is not None else None,
     )
     record.save()
     return JobHandle(record, job)
+
+
+def submit_with_code(plan: JobPlan, render: Callable[[JobPlan], str]) -> JobHandle:
+    """submit_plan for a script job; a snapshot the plan took for it is undone when the scheduler refuses it."""
+    from hpc_train.snapshot.take import discard, tidy
+
+    try:
+        handle = submit_plan(plan, render)
+    except BaseException:
+        discard(plan.code)
+        raise
+    tidy(plan.code, plan.site.snapshot.gc_above)
+    return handle
 
 
 def _make_job_root(plan: JobPlan) -> None:

@@ -66,6 +66,7 @@ class JobPlan:
     cpus_per_task: int | None = None  # asked of sbatch and, again, of srun (22.05's srun does not inherit it)
     cpu_bind: str | None = None  # srun --cpu-bind (the partition's)
     gpu_bind: bool = False  # srun --gpu-bind=closest: the partition asks and each task drives one GPU
+    code: Any = None  # hpc_train.snapshot.code.Code: the snapshot the script runs from (None: the files in place)
 
     @property
     def backend_name(self) -> str:

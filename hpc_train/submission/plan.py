@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -33,6 +34,15 @@ from hpc_train.submission.plan_facts import JOB, Facts, Names, Problems, Requeue
 
 if TYPE_CHECKING:
     from hpc_train.plugin.manager import Plugins
+    from hpc_train.snapshot.code import Code
+
+
+@dataclass(frozen=True)
+class Additions:
+    """What a submission adds to the job's own options."""
+
+    script_args: tuple[Word, ...] = ()  # after the job's: a sweep task's overrides (Raw)
+    code: Code | None = None  # the snapshot the script runs from (hpc_train.snapshot.code)
 
 
 def build_plan(
@@ -42,15 +52,17 @@ def build_plan(
     *,
     kind: Literal["script", "function"] = "script",
     function_name: str | None = None,
-    extra_script_args: tuple[Word, ...] = (),
+    adds: Additions = Additions(),
 ) -> JobPlan:
-    """Every decision about the job, in named steps; every problem found by any step is raised together."""
+    """Every decision about the job, in named steps; every problem found by any step is raised together.
+    ``adds``: what the submission adds to the job's options (a sweep's arguments, the code snapshot)."""
     f, options = _facts(job, resolved, plugins, kind)
     site, backend, res, tasks, requeue = f.site, f.backend, f.res, f.tasks, f.requeue
     selection, node_check = _checked(f)
-    names = _names(job, site, kind, function_name)
+    code = adds.code if kind == "script" else None
+    names = _names(job, site, kind, function_name, code)
     cpus = cpus_per_task(f)
-    info = launch_info(f, names, extra_script_args, cpus)
+    info = launch_info(f, names, adds.script_args, cpus)
     script_job = kind == "script"
     plan = JobPlan(
         job=job,
@@ -80,6 +92,7 @@ def build_plan(
         cpus_per_task=cpus if site.scheduler == "slurm" else None,
         cpu_bind=res.part.cpu_bind,
         gpu_bind=res.part.gpu_bind == "closest" and res.gpus > 0 and tasks == res.procs,
+        code=code,
         max_restarts=job.max_restarts if job.max_restarts is not None else requeue.policy.max_restarts,
         signal=requeue.policy.signal,
         signal_grace=requeue.grace,
@@ -223,7 +236,7 @@ def _layout(job: JobSpec, res: Resources, plugins: Plugins, problems: Problems) 
     return layout
 
 
-def _names(job: JobSpec, site: SiteConfig, kind: str, function_name: str | None) -> Names:
+def _names(job: JobSpec, site: SiteConfig, kind: str, function_name: str | None, code: Code | None) -> Names:
     workdir = os.path.abspath(job.workdir or os.getcwd())
     script = ""
     if kind == "script":
@@ -231,6 +244,8 @@ def _names(job: JobSpec, site: SiteConfig, kind: str, function_name: str | None)
             raise ConfigError(Problem(JOB, "script", "a script job needs a training script"))
         script = expand(job.script, workdir)
     name = job.job_name or (f"hpc_train-{Path(script).stem}" if script else f"hpc_train-{function_name or 'function'}")
-    return Names(
-        workdir, job.python or site.python or sys.executable, expand(job.job_root or site.job_root, workdir), script, name
-    )
+    python, job_root = job.python or site.python or sys.executable, expand(job.job_root or site.job_root, workdir)
+    if code is None:
+        return Names(workdir, python, job_root, script, name)
+    # the name is the script's as the user gave it; the path is its copy in the snapshot
+    return Names(workdir, python, job_root, code.path_of(script), name, code.tree)

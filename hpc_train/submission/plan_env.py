@@ -105,6 +105,7 @@ def environment(f: Facts, selection: Any, options: Any, info: LaunchInfo, names:
             contract.ENV_NODES: str(job.nodes),
             contract.ENV_PROCS_PER_NODE: str(res.procs),
             contract.ENV_JOB_ROOT: names.job_root,
+            **({contract.ENV_CODE: names.code_tree} if names.code_tree else {}),
             **({contract.ENV_STOP_SIGNAL: requeue.policy.signal} if requeue.enabled else {}),  # the ranks save and stop on it
             **health_env(f),
             **local_tier_env(f),

@@ -82,8 +82,9 @@ class Names:
     workdir: str
     python: str
     job_root: str
-    script: str
+    script: str  # in the snapshot, when the job runs one
     job_name: str
+    code_tree: str | None = None  # the snapshot's folder (hpc_train.snapshot.code.Code.tree)
 
 
 @dataclass(frozen=True)

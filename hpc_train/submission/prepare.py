@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from hpc_train.config.errors import problems_from_validation
 from hpc_train.config.fields import flag_of
@@ -23,7 +23,11 @@ from hpc_train.config.validate import ValidationError, validate
 from hpc_train.errors import ConfigError, ConfigWarning, HpcTrainError, Problem, TemplateError, UsageError
 from hpc_train.plugin.manager import Plugins, default_plugins
 from hpc_train.submission.job_plan import JobPlan
-from hpc_train.submission.plan import JOB, build_plan
+from hpc_train.submission.plan import JOB, Additions, build_plan
+from hpc_train.submission.plan_facts import expand
+
+if TYPE_CHECKING:
+    from hpc_train.snapshot.code import Code
 
 LOCAL = "local"  # the core's answer when no plugin detects a site (hpc_train.plugin.manager._Defaults)
 DEFAULTS_PLUGIN = "hpc_train.defaults"  # the name the core registers that fallback under
@@ -152,16 +156,42 @@ def check_script(job: JobSpec) -> None:
         )
 
 
+Snapshotter = Callable[[], "Code | None"]
+
+
+def code_for(job: JobSpec, resolved: ResolvedSite, *, submitting: bool) -> Snapshotter:
+    """What takes the snapshot a script job runs from (hpc_train.snapshot), once its plan is checked: None
+    when the job or its site turns snapshots off. ``submitting`` adds where the code came from (git,
+    packages) for the job's record. It raises SnapshotError before anything is queued: over the size
+    limit, a file that cannot be read."""
+
+    def take_now() -> Code | None:
+        site = resolved.config
+        wanted = job.snapshot if job.snapshot is not None else site.snapshot.enabled
+        if not wanted or not job.script:
+            return None
+        from hpc_train.snapshot.take import take
+
+        workdir = os.path.abspath(job.workdir or os.getcwd())
+        job_root = expand(job.job_root or site.job_root, workdir)
+        return take(expand(job.script, workdir), job_root, site.snapshot.max_bytes, with_provenance=submitting)
+
+    return take_now
+
+
 def warn_about(plan: JobPlan) -> None:
     """Say the plan's warnings once, where the caller will see them (submit, sweep)."""
     for problem in plan.warnings:
         warnings.warn(str(problem), ConfigWarning, stacklevel=3)
 
 
-def checked_plan(job: JobSpec, resolved: ResolvedSite, plugins: Plugins, **plan_options: Any) -> JobPlan:
+def checked_plan(
+    job: JobSpec, resolved: ResolvedSite, plugins: Plugins, snapshot: Snapshotter | None = None, **plan_options: Any
+) -> JobPlan:
     """The job's plan on this site, after everything about the site the plan does not look at itself
     (every backend's options, the template), each problem with its file:line. The one check that
-    ``validate``, ``render``, ``submit`` and the Python API share, so what one refuses none accepts."""
+    ``validate``, ``render``, ``submit`` and the Python API share, so what one refuses none accepts.
+    ``snapshot`` (code_for) takes the code's snapshot once all of that passed: a refused job stores nothing."""
     from hpc_train.config.site_check import backend_problems
 
     problems = backend_problems(resolved, plugins.backends)
@@ -169,7 +199,21 @@ def checked_plan(job: JobSpec, resolved: ResolvedSite, plugins: Plugins, **plan_
         raise ConfigError(sorted(problems, key=Problem.sort_key))
     plan = build_plan(job, resolved, plugins, **plan_options)
     _load_template(plan, resolved, plugins)
-    return plan
+    code = snapshot() if snapshot is not None and plan.kind == "script" else None
+    if code is None:
+        return plan
+    adds = dataclasses.replace(plan_options.pop("adds", Additions()), code=code)
+    plan = build_plan(job, resolved, plugins, adds=adds, **plan_options)  # planned again: 0.3 ms
+    return dataclasses.replace(plan, warnings=[*plan.warnings, *_code_warnings(job, code)])
+
+
+def _code_warnings(job: JobSpec, code: Code) -> list[Problem]:
+    if job.resume_from is None:
+        return []
+    from hpc_train.snapshot.compare import resume_warning
+
+    message = resume_warning(job.resume_from, code)
+    return [Problem(JOB, "resume_from", message)] if message else []
 
 
 def _load_template(plan: JobPlan, resolved: ResolvedSite, plugins: Plugins) -> None:
@@ -207,7 +251,8 @@ def plan_job(
     resolved = site_for(job, plugins, training=submitting and kind == "script")
     if kind == "script":
         check_script(job)
-    return checked_plan(job, resolved, plugins, kind=kind, function_name=function_name)
+    code = code_for(job, resolved, submitting=submitting)
+    return checked_plan(job, resolved, plugins, code, kind=kind, function_name=function_name)
 
 
 def render_plan(plan: JobPlan, plugins: Plugins | None = None) -> str:

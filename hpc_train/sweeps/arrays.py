@@ -211,19 +211,22 @@ def new_folder(job_root: str) -> Path:
     return Path(job_root) / f"sweep-{stamp}-{secrets.token_hex(3)}"
 
 
-def sweep_plan(job: JobSpec, plugins: Plugins) -> JobPlan:
+def sweep_plan(job: JobSpec, plugins: Plugins, code: Any = None) -> JobPlan:
     """The plan every array of the sweep shares, checked as ``render`` and ``submit`` check a job
-    (prepare.checked_plan, in render's order), so a sweep fails as the single job would."""
-    from hpc_train.submission.prepare import check_script, checked_plan, site_for, warn_about
+    (prepare.checked_plan, in render's order), so a sweep fails as the single job would. One snapshot
+    serves every task: ``code`` (a resubmission's), else one taken now."""
+    from hpc_train.submission.plan import Additions
+    from hpc_train.submission.prepare import check_script, checked_plan, code_for, site_for, warn_about
 
     resolved = site_for(job, plugins, training=True)
     check_script(job)
+    take = (lambda: code) if code is not None else code_for(job, resolved, submitting=True)
     if "array" in job.sbatch:
         raise UsageError(
             "--sbatch array=... conflicts with the sweep, which sets the array itself",
             hint="use --max-concurrent N for a concurrency limit",
         )
-    plan = checked_plan(job, resolved, plugins, extra_script_args=(ARGS_WORD,))
+    plan = checked_plan(job, resolved, plugins, take, adds=Additions(script_args=(ARGS_WORD,)))
     warn_about(plan)
     if plan.scheduler != "slurm":
         raise UsageError(

@@ -13,6 +13,7 @@ process find the sweep by its id: the job id of its first array.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -52,6 +53,7 @@ class SweepRecord:
     requeue: bool = False
     release_held: bool = False
     max_concurrent: int | None = None
+    code: dict[str, Any] | None = None  # the snapshot every task runs, a resubmitted one too (hpc_train.snapshot.code)
 
     @staticmethod
     def path_for(sweep_id: str) -> Path:
@@ -310,6 +312,19 @@ class SweepHandle:
 
             raise SchedulerError(cmd, out.stderr)
 
+    def stored_code(self) -> Any:
+        """The snapshot the sweep was submitted with, which its resubmitted tasks run too; None without one.
+        Raises UsageError when it is gone (collected once no task of the sweep was queued any more)."""
+        from hpc_train.snapshot.code import Code
+
+        code = Code.from_record(self.record.code)
+        if code is not None and not os.path.isdir(code.tree):
+            raise UsageError(
+                f"sweep {self.sweep_id} ran the snapshot {code.digest} of {code.project}, which is gone from {code.tree}",
+                hint="submit the sweep again (a new snapshot of the project as it is now), or restore that snapshot",
+            )
+        return code
+
     def resubmit(self, tasks: Iterable[int] | None = None, plugins: Any = None) -> list[str]:
         """Submit again the failed tasks (or ``tasks``), in the same task folders, so they resume from
         their checkpoints; returns the new arrays' job ids."""
@@ -329,7 +344,7 @@ class SweepHandle:
             raise UsageError(f"sweep {self.sweep_id} has tasks 0..{len(self) - 1}; no task {bad[0]}")
         plugins = plugins or default_plugins()
         job = validate(JobSpec, self.record.job)
-        plan = sweep_plan(job, plugins)
+        plan = sweep_plan(job, plugins, code=self.stored_code())
         for task in chosen:  # a new attempt gets a fresh restart budget, and no word from the old one's runs
             for name in (RUNS_FILE, LAST_RUN_FILE, contract.RETRIES):
                 (self.task_folder(task) / name).unlink(missing_ok=True)

@@ -50,7 +50,13 @@ def sweep(
     plan = sweep_plan(job, plugins)
     _make_job_root(plan)
     folder = new_folder(plan.job_root)
-    arrays = submit_arrays(plan, lambda p: render_plan(p, plugins), folder, overrides, range(len(overrides)), max_concurrent)
+    from hpc_train.snapshot.take import discard, tidy
+
+    try:
+        arrays = submit_arrays(plan, lambda p: render_plan(p, plugins), folder, overrides, range(len(overrides)), max_concurrent)
+    except BaseException:
+        discard(plan.code)  # this sweep's own snapshot (a resubmission's is the sweep's: it never gets here)
+        raise
     stored = dataclasses.replace(job, workdir=plan.workdir)  # a resubmission from elsewhere runs in the same place
     record = SweepRecord(
         sweep_id=arrays[0]["job_id"],
@@ -69,6 +75,8 @@ def sweep(
         overrides=overrides,
         arrays=arrays,
         job=dump(stored),
+        code=plan.code.as_record() if plan.code is not None else None,
     )
     record.save()
+    tidy(plan.code, plan.site.snapshot.gc_above)
     return SweepHandle(record)

@@ -69,4 +69,5 @@ def test_a_failed_local_job_says_its_cause(tmp_path):
     out = subprocess.run([sys.executable, "-m", "hpc_train", "submit", "--site", "local", "--job-root", str(tmp_path / "jobs"),
                           "--wait", str(script)], capture_output=True, text=True, cwd=REPO, timeout=300)  # fmt: skip
     assert out.returncode == 1, out.stderr
-    assert f"cause: ModuleNotFoundError: No module named 'a_module_nobody_has' (at {script}, line 1;" in out.stderr
+    # it ran the snapshot's copy; the cause names the file the user edits, which held that code at submit
+    assert f"cause: ModuleNotFoundError: No module named 'a_module_nobody_has' (at {script}, line 1, as submitted;" in out.stderr

@@ -42,8 +42,13 @@ def test_render_prints_the_script_and_submits_nothing(script):
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("#!/bin/bash\n")
     assert "#SBATCH --nodes=4" in out.stdout and "#SBATCH --gres=gpu:a100:8" in out.stdout
-    assert f"{script} --lr 1e-4" in out.stdout
+    assert f"/snapshots/trees/{code_digest(out.stdout)}/train.py --lr 1e-4" in out.stdout  # the script as it is now
     assert "#SBATCH --time=12:00:00" in out.stdout
+
+
+def code_digest(script_text: str) -> str:
+    line = next(line for line in script_text.splitlines() if line.startswith("export HPC_TRAIN_CODE="))
+    return line.split("=", 1)[1].split()[0].rsplit("/", 1)[1]
 
 
 @pytest.mark.parametrize(
@@ -267,3 +272,35 @@ def test_diagnose_a_folder_says_what_it_lacks_and_an_unknown_job_is_an_error(tmp
     assert "hangs.jsonl: 1 unreadable line(s) skipped" in out.stdout and "no metrics/steps.jsonl" in out.stdout
     missing = cli("diagnose", "4242")
     assert missing.returncode != 0 and "no job '4242'" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def rendered_script_path(out: str) -> str:
+    launch = next(line for line in out.splitlines() if "train.py" in line and "python" in line)
+    return next(word for word in launch.split() if word.endswith("train.py"))
+
+
+def test_render_runs_the_script_from_a_snapshot_of_its_project_unless_told_not_to(tmp_path, script):
+    write(tmp_path / "lib.py", "X = 1\n")
+    jobs = tmp_path / "jobs"
+    out = cli("render", "--site", "bluecloud", "--job-root", str(jobs), str(script))
+    assert out.returncode == 0, out.stderr
+    code = next(line for line in out.stdout.splitlines() if line.startswith("export HPC_TRAIN_CODE="))
+    tree = Path(code.split("=", 1)[1].split()[0])
+    assert tree.parent == jobs / "snapshots" / "trees" and rendered_script_path(out.stdout) == str(tree / "train.py")
+    assert (tree / "lib.py").read_text() == "X = 1\n"  # stored: `render > job.sh; sbatch job.sh` runs it
+    in_place = cli("render", "--site", "bluecloud", "--job-root", str(jobs), "--no-snapshot", str(script))
+    assert rendered_script_path(in_place.stdout) == str(script) and "HPC_TRAIN_CODE" not in in_place.stdout
+    site = write(tmp_path / "site.yaml", "extends: bluecloud\nsnapshot:\n  enabled: false\n")
+    by_site = cli("render", "--site", str(site), "--job-root", str(jobs), str(script))
+    assert rendered_script_path(by_site.stdout) == str(script), by_site.stderr
+
+
+def test_a_snapshot_over_the_sites_limit_is_refused_naming_what_to_leave_out(tmp_path, script):
+    write(tmp_path / "data" / "big.bin", "x" * 3000)
+    site = write(tmp_path / "site.yaml", "extends: bluecloud\nsnapshot:\n  max_size: 2K\n")
+    out = cli("render", "--site", str(site), "--job-root", str(tmp_path / "jobs"), str(script))
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "over its limit of 2.0 KiB" in out.stderr and "data/big.bin" in out.stderr and "/data/" in out.stderr
+    bad = write(tmp_path / "bad.yaml", "extends: bluecloud\nsnapshot:\n  max_size: lots\n")
+    out = cli("render", "--site", str(bad), str(script))
+    assert out.returncode != 0 and "bad.yaml:3: snapshot.max_size" in out.stderr and "'lots' is not a memory size" in out.stderr

@@ -125,7 +125,8 @@ def _assert_continues(resumed: dict[str, Any], straight: dict[str, Any]) -> None
         )
 
 
-def test_ddp_resumes_4_as_2_and_2_as_4_with_the_global_batch_and_order_kept(tmp_path):
+def test_ddp_resumes_4_as_2_and_2_as_4_with_the_global_batch_and_order_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("HPC_TRAIN_CODE", "/jobs/snapshots/trees/0a1b2c")  # the snapshot the batch script names
     straight = run(4, tmp_path, "straight4", batch_size=GLOBAL_BATCH // 4)
     assert len({i for step in straight["samples"].values() for i in step}) == SAMPLES  # reshuffled epochs, all read
 
@@ -134,6 +135,7 @@ def test_ddp_resumes_4_as_2_and_2_as_4_with_the_global_batch_and_order_kept(tmp_
     before = sorted((p.name, p.stat().st_mtime_ns) for p in source.rglob("*"))
     shape = json.loads((source / f"step-{STOP:08d}" / "shape.json").read_text())
     assert (shape["world_size"], shape["state"], shape["loaders"][0]["global_batch"]) == (4, "replicated", GLOBAL_BATCH)
+    assert shape["code"] == "/jobs/snapshots/trees/0a1b2c"  # what a later --resume-from compares its own code with
 
     # 4 -> 2: the same script (batch_size=4) reads 8 per rank, so each step is the same 16 samples
     as2 = run(2, tmp_path, "as2", batch_size=4, resume_from=str(source), every=4)

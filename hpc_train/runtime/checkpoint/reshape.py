@@ -15,6 +15,7 @@ shape that cannot work before the job queues.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +55,8 @@ def shape(ctx: ContextView) -> dict[str, Any]:
         "reshard": runtime.reshard_refusal(),
         "grad_accum": ctx.options.grad_accum,
         "loaders": [_loader_record(loader) for loader in ctx.loaders],
+        # the code snapshot that saved it: a job resuming it with other code is told which files differ
+        "code": os.environ.get(contract.ENV_CODE),
     }
 
 
