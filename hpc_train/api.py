@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from hpc_train.config.job import JobSpec
+from hpc_train.errors import UsageError
 from hpc_train.plugin.manager import Plugins, default_plugins
 from hpc_train.submission.prepare import (
     check_script,
@@ -43,6 +44,7 @@ __all__ = [
 
 if TYPE_CHECKING:  # submitting and watching jobs: imported when used, `render` needs neither
     from hpc_train.jobs.handle import JobHandle
+    from hpc_train.remote.client import RemoteJob
 
 
 def render(script: str | os.PathLike[str], *script_args: str, plugins: Plugins | None = None, **options: Any) -> str:
@@ -52,10 +54,38 @@ def render(script: str | os.PathLike[str], *script_args: str, plugins: Plugins |
     return render_plan(plan_job(job, plugins), plugins)
 
 
+@overload
 def submit(
-    target: str | os.PathLike[str] | Callable[..., Any], *args: Any, plugins: Plugins | None = None, **options: Any
-) -> JobHandle:
-    """Submit a training script (``target`` a path; ``args`` its arguments) or a function (``args`` its arguments)."""
+    target: str | os.PathLike[str] | Callable[..., Any],
+    *args: Any,
+    plugins: Plugins | None = None,
+    remote: None = None,
+    **options: Any,
+) -> JobHandle: ...
+
+
+@overload
+def submit(
+    target: str | os.PathLike[str] | Callable[..., Any], *args: Any, plugins: Plugins | None = None, remote: str, **options: Any
+) -> RemoteJob: ...
+
+
+def submit(
+    target: str | os.PathLike[str] | Callable[..., Any],
+    *args: Any,
+    plugins: Plugins | None = None,
+    remote: str | None = None,
+    **options: Any,
+) -> JobHandle | RemoteJob:
+    """Submit a training script (``target`` a path; ``args`` its arguments) or a function (``args`` its arguments).
+    Returns a JobHandle; with ``remote`` (a login node ssh reaches), the script's project goes there and the job is
+    submitted by that node's hpc_train (a RemoteJob: state, wait, stdout, cancel over ssh)."""
+    if remote is not None:
+        if callable(target):
+            raise UsageError("a function cannot be submitted through a login node: submit a script (remote=...)")
+        from hpc_train.remote.client import submit_api
+
+        return submit_api(remote, os.fspath(target), [str(a) for a in args], options)
     from hpc_train.submission.executor import submit_plan, submit_with_code
 
     plugins = plugins or default_plugins()

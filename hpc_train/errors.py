@@ -115,6 +115,17 @@ class SchedulerError(HpcTrainError):
         self.detail = detail
 
 
+class RemoteError(HpcTrainError):
+    """A login node could not be reached or used over ssh: which host, what ssh or the node said, what to do.
+    ``retryable``: the connection failed or dropped, and the same call may succeed again."""
+
+    exit_code = EXIT_UNAVAILABLE
+
+    def __init__(self, message: str, hint: str | None = None, retryable: bool = False) -> None:
+        super().__init__(message, hint)
+        self.retryable = retryable
+
+
 class SnapshotError(HpcTrainError):
     """The script's project cannot be snapshotted as it stands: over the size limit, a file that cannot be
     read, a link out of the tree, a store that cannot be written."""

@@ -18,7 +18,7 @@ from hpc_train.runtime.launch.environment import DistEnv
 
 REPO = Path(__file__).resolve().parent.parent
 # the sandbox's fixtures (slurm_cluster, sandbox_job_root) and its hooks (one cluster for every xdist worker)
-pytest_plugins = ["tests.cluster.pytest_sandbox", "tests.speed_guard", "tests.cpu_meter"]
+pytest_plugins = ["tests.cluster.pytest_sandbox", "tests.cluster.pytest_login", "tests.speed_guard", "tests.cpu_meter"]
 
 
 # Where DeepSpeed keeps the CPU ops it compiles (torch's cpp_extension): one folder for the whole run, its

@@ -36,6 +36,10 @@ COMMANDS = (
 )
 
 
+# what --remote (or the user's remote.host) runs on a login node over ssh (hpc_train.remote.client.COMMANDS)
+REMOTE_COMMANDS = ("submit", "status", "logs", "cancel", "report")
+
+
 class _Parser(argparse.ArgumentParser):
     """A usage mistake is one line and where to read more: submit's usage block is 33 lines, and
     the line that says what was wrong came last, under it."""
@@ -135,6 +139,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     warnings.showwarning = _show_warning
     try:
+        if args.command in REMOTE_COMMANDS:
+            from hpc_train.remote.client import host_of, run
+
+            host = host_of(args)
+            if host is not None:
+                return run(args, own, rest, host)
         return int(args._run(args) or 0)
     except HpcTrainError as exc:
         print(f"error: {exc.message}", file=sys.stderr)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 
+from hpc_train.cli.remote_option import add_remote_option
+
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser("cancel", help="cancel a job, or every task of a sweep")
     parser.add_argument("job_id", help="a job id, or a sweep id (its first array's job id)")
+    add_remote_option(parser)
     return parser
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hpc_train.cli.remote_option import add_remote_option
+
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser("logs", help="print a job's output")
@@ -13,6 +15,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--stderr", action="store_true", help="the error stream instead of the output")
     parser.add_argument("--all", action="store_true", help="every rank's output, each line prefixed with its ranks")
     parser.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends (through requeues)")
+    add_remote_option(parser)
     return parser
 
 

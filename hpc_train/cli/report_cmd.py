@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from hpc_train.cli.remote_option import add_remote_option
+
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser(
@@ -29,6 +31,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         action="store_false",
         help="do not ask Slurm's accounting; estimate the allocations from the job's own files",
     )
+    add_remote_option(parser)
     return parser
 
 

@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from hpc_train.cli.remote_option import add_remote_option
+
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser("status", help="state of a submitted job or sweep")
@@ -14,6 +16,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument(
         "--watch", "-w", action="store_true", help="follow the job until it ends: pending reason, nodes, requeues, step and loss"
     )
+    add_remote_option(parser)
     return parser
 
 

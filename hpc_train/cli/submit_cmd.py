@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from hpc_train.cli.options import add_job_options, add_sweep_options, job_options
+from hpc_train.cli.remote_option import add_remote_option
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -18,6 +19,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     w.add_argument("--wait", action="store_true", help="show the job's progress and return when it ends, with its exit status")
     w.add_argument("--follow", "-f", action="store_true", help="stream rank 0's output until the job ends (implies --wait)")
     w.add_argument("--parsable", action="store_true", help="print only the job id, as sbatch --parsable does")
+    add_remote_option(parser)
     return parser
 
 

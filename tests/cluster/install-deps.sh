@@ -7,7 +7,8 @@
 set -euo pipefail
 
 PKGS=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server
-      openmpi-bin libopenmpi-dev libpmix-dev iproute2 util-linux bc)
+      openmpi-bin libopenmpi-dev libpmix-dev iproute2 util-linux bc
+      openssh-server openssh-client rsync)  # the login node of the --remote tests (tests/cluster/login_node.py)
 
 log() { echo "[install-deps $(date +%T)] $*" >&2; }
 

@@ -1,0 +1,67 @@
+"""Sending the script's project to the login node: the files a snapshot would hold (hpc_train.snapshot.files),
+by rsync over the same ssh connection, into one folder per project there, so a second submit sends only
+what changed and a file removed here is removed there. The login node's submit then snapshots that copy."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+
+from hpc_train.errors import RemoteError
+from hpc_train.remote.ssh import Ssh, explain, hpc_train_line, remote_line
+from hpc_train.snapshot.files import Entry, Project
+
+
+def destination(project: Project, root: str) -> str:
+    """The project's folder on the login node: the same for every submit of this project from this machine."""
+    key = hashlib.blake2b(f"{socket.gethostname()}\0{project.root}".encode(), digest_size=8).hexdigest()
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", project.root.name) or "root"
+    return f"{root.rstrip('/')}/{name}-{key}"
+
+
+def includes(entries: list[Entry]) -> bytes:
+    """rsync's --include-from (NUL-separated): every file and the folders above it, anchored at the root;
+    everything else is excluded, and --delete-excluded takes it away on the login node."""
+    folders = {"/".join(e.path.split("/")[:i]) + "/" for e in entries for i in range(1, e.path.count("/") + 1)}
+    patterns = sorted(folders) + [e.path for e in entries]
+    return b"".join(b"/" + os.fsencode(_escaped(p)) + b"\0" for p in patterns)
+
+
+def _escaped(path: str) -> str:
+    return "".join("\\" + c if c in "[]*?\\" else c for c in path)
+
+
+def send(ssh: Ssh, project: Project, entries: list[Entry], dest: str) -> int:
+    """rsync the project to ``dest`` on the login node (made already); how many files were sent."""
+    if shutil.which("rsync") is None:
+        raise RemoteError("rsync is not installed here, and it sends the project", hint="install rsync")
+    target = dest if not dest.startswith("~/") else dest[2:]  # rsync's remote paths start in the home folder
+    cmd = [
+        "rsync", "-a", "--delete", "--delete-excluded", "--from0", "--include-from=-", "--exclude=*",
+        "--out-format=%n", "-e", shlex.join(["ssh", *ssh.options()]),
+        f"{project.root}/", f"{ssh.host}:{target}/",
+    ]  # fmt: skip
+    out = subprocess.run(cmd, input=includes(entries), capture_output=True, timeout=3600)
+    err = out.stderr.decode(errors="replace")
+    if out.returncode == 0:
+        return sum(1 for line in out.stdout.decode(errors="replace").splitlines() if line and not line.endswith("/"))
+    if "command not found" in err or "rsync: not found" in err:
+        raise RemoteError(
+            f"rsync is not installed on {ssh.host}, and it receives the project",
+            hint="ask its admins for rsync, or load its module in your shell's rc file there",
+        )
+    if out.returncode == 255 or "connection unexpectedly closed" in err:
+        raise explain(ssh.host, err)
+    raise RemoteError(f"rsync to {ssh.host}:{dest} failed: {err.strip()[-500:]}", retryable=out.returncode in (10, 12, 30, 35))
+
+
+def prepare_line(dest: str, python: str) -> str:
+    """One remote shell line: make the project's folder, check it is writable, and say hpc_train's version."""
+    folder = remote_line(dest)
+    check = f"test -w {folder} || {{ echo 'hpc_train: not writable' >&2; exit 3; }}"
+    return f"mkdir -p -- {folder} && {check} && {hpc_train_line(python, '--version')}"
