@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     resolved = site_for(job, plugins)  # without --site: which one and why, on stderr
     check_script(job)
     # the snapshot is stored: the script printed names it, and `render > job.sh; sbatch job.sh` runs it
-    plan = checked_plan(job, resolved, plugins, code=code_for(job, resolved, submitting=False))  # as `validate` checks
+    plan = checked_plan(job, resolved, plugins, code=code_for(submitting=False))  # as `validate` checks
     sys.stdout.write(render_checked(plan, plugins))
     # stderr, so `render > job.sh` stays the exact script; the sources are on each export line
     if plan.nccl_profile:

@@ -156,25 +156,22 @@ def check_script(job: JobSpec) -> None:
         )
 
 
-Snapshotter = Callable[[], "Code | None"]
+Snapshotter = Callable[[JobPlan], "Code | None"]
 
 
-def code_for(job: JobSpec, resolved: ResolvedSite, *, submitting: bool) -> Snapshotter:
-    """What takes the snapshot a script job runs from (hpc_train.snapshot), once its plan is checked: None
-    when the job or its site turns snapshots off. ``submitting`` adds where the code came from (git,
+def code_for(*, submitting: bool) -> Snapshotter:
+    """What takes the snapshot a checked script job runs from (hpc_train.snapshot), under the plan's job root;
+    None when the job or its site turns snapshots off. ``submitting`` adds where the code came from (git,
     packages) for the job's record. It raises SnapshotError before anything is queued: over the size
     limit, a file that cannot be read."""
 
-    def take_now() -> Code | None:
-        site = resolved.config
-        wanted = job.snapshot if job.snapshot is not None else site.snapshot.enabled
-        if not wanted or not job.script:
+    def take_now(plan: JobPlan) -> Code | None:
+        job, policy = plan.job, plan.site.snapshot
+        if not (job.snapshot if job.snapshot is not None else policy.enabled) or not job.script:
             return None
         from hpc_train.snapshot.take import take
 
-        workdir = os.path.abspath(job.workdir or os.getcwd())
-        job_root = expand(job.job_root or site.job_root, workdir)
-        return take(expand(job.script, workdir), job_root, site.snapshot.max_bytes, with_provenance=submitting)
+        return take(expand(job.script, plan.workdir), plan.job_root, policy.max_bytes, with_provenance=submitting)
 
     return take_now
 
@@ -199,7 +196,7 @@ def checked_plan(
         raise ConfigError(sorted(problems, key=Problem.sort_key))
     plan = build_plan(job, resolved, plugins, **plan_options)
     _load_template(plan, resolved, plugins)
-    code = snapshot() if snapshot is not None and plan.kind == "script" else None
+    code = snapshot(plan) if snapshot is not None and plan.kind == "script" else None
     if code is None:
         return plan
     adds = dataclasses.replace(plan_options.pop("adds", Additions()), code=code)
@@ -251,7 +248,7 @@ def plan_job(
     resolved = site_for(job, plugins, training=submitting and kind == "script")
     if kind == "script":
         check_script(job)
-    code = code_for(job, resolved, submitting=submitting)
+    code = code_for(submitting=submitting)
     return checked_plan(job, resolved, plugins, code, kind=kind, function_name=function_name)
 
 

@@ -220,7 +220,7 @@ def sweep_plan(job: JobSpec, plugins: Plugins, code: Any = None) -> JobPlan:
 
     resolved = site_for(job, plugins, training=True)
     check_script(job)
-    take = (lambda: code) if code is not None else code_for(job, resolved, submitting=True)
+    take = (lambda _plan: code) if code is not None else code_for(submitting=True)
     if "array" in job.sbatch:
         raise UsageError(
             "--sbatch array=... conflicts with the sweep, which sets the array itself",
