@@ -80,3 +80,16 @@ def test_a_submission_asked_again_before_its_answer_came_reuses_its_key(isolated
     assert other != first  # another submission
     pending.unlink()  # answered: the next identical submit is a new job
     assert client._key(client._pending("login", request, entries)) != first
+
+
+def test_a_login_node_with_another_hpc_train_is_refused_naming_both_versions():
+    from hpc_train.errors import RemoteError
+    from hpc_train.version import __version__
+
+    ssh, config = Ssh("login1"), settings.RemoteSettings()
+    answered = subprocess.run(["sh", "-c", "echo 'hpc_train 0.0.9'"], capture_output=True, text=True)  # what --version prints
+    with pytest.raises(RemoteError) as err:
+        client.check_version(ssh, config, answered, "~/up/p")
+    assert f"login1 has hpc_train 0.0.9, this machine {__version__}" in err.value.message and __version__ in err.value.hint
+    same = subprocess.run(["sh", "-c", f"echo 'hpc_train {__version__}'"], capture_output=True, text=True)
+    client.check_version(ssh, config, same, "~/up/p")  # the same version: no error
