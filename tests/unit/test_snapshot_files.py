@@ -105,3 +105,19 @@ def test_a_link_out_of_the_tree_is_refused_naming_it_and_the_fix(tmp_path, targe
     assert "/data.txt in" in (err.value.hint or "") and ".hpc_trainignore" in (err.value.hint or "")
     write(root / ".hpc_trainignore", "/data.txt\n")  # the hint's line is enough
     assert paths(project_files(find_project(root / "train.py"))) == [".hpc_trainignore", "train.py"]
+
+
+def test_the_default_ignores_read_without_pathspec_as_pathspec_reads_them():
+    import pathspec
+
+    from hpc_train.snapshot.files import DEFAULT_IGNORES, DefaultIgnores
+
+    spec, ours = pathspec.GitIgnoreSpec.from_lines(DEFAULT_IGNORES), DefaultIgnores()
+    paths = [
+        "train.py", "model.pt", "a/b/model.pt", "x.pyc", "x.pyo", "x.pyx", "__pycache__/", "pkg/__pycache__/m.pyc",
+        "pkg/__pycache__/", ".venv/", "src/.venv/bin/python", "mylib.egg-info/", "mylib.egg-info/PKG-INFO", "outputs/",
+        "outputs/run1/log.txt", "data/outputs.txt", "build.py", "build/", "checkpoints/step-1/x.bin", "notes.h5",
+        "env.py", "env/", "wandb/run/x", "node_modules/a/b.js", "weights.safetensors", "data.npy", "a.npz.txt",
+    ]  # fmt: skip
+    for path in paths:
+        assert ours.match_file(path) == spec.match_file(path), path
