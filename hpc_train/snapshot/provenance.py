@@ -63,10 +63,12 @@ def installed_packages() -> list[str]:
 
 
 def packages_digest() -> str:
-    """The digest of installed_packages(), kept in the user's cache under the stamps of the folders on
-    sys.path: installing, upgrading or removing a distribution adds or removes a ``*.dist-info`` folder,
-    which changes its folder's mtime. Reading every distribution's metadata costs a submit ~0.1 s."""
-    key = [[path, list(file_stamp(path) or ())] for path in sys.path if path and os.path.isdir(path)]  # as JSON reads it back
+    """The digest of installed_packages(), kept in the user's cache under the stamps of the site-packages
+    folders on sys.path: installing, upgrading or removing a distribution adds or removes a ``*.dist-info``
+    folder, which changes its folder's mtime. Reading every distribution's metadata costs a submit ~0.1 s."""
+    # the folders distributions are installed into: not the script's or the working folder, which change with
+    # every edit (a distribution installed into a plain folder on PYTHONPATH is read, but does not refresh this)
+    key = [[path, list(file_stamp(path) or ())] for path in sys.path if path.endswith(("site-packages", "dist-packages"))]
     folder = cache_dir("provenance")
     entry = folder / f"packages-{digest_of(json.dumps(key).encode())}.json" if folder is not None else None
     try:

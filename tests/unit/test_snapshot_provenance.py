@@ -52,3 +52,21 @@ def test_the_packages_are_pip_freezes_lines_without_running_pip():
     listed = installed_packages()
     assert f"pytest=={pytest.__version__}" in listed and f"pydantic=={importlib.metadata.version('pydantic')}" in listed
     assert listed == sorted(set(listed), key=str.lower)
+
+
+def test_the_packages_digest_is_kept_until_a_site_packages_folder_changes(tmp_path, monkeypatch):
+    import os
+    import sys
+
+    site = tmp_path / "lib" / "site-packages"
+    meta = write(site / "demo-1.0.dist-info" / "METADATA", "Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n")
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "project"), str(site)])
+    first = packages_digest()
+    assert "demo==1.0" in installed_packages()
+    write(tmp_path / "project" / "edited.py", "x = 1\n")  # the working folder changes with every edit
+    stamp = site.stat().st_mtime_ns
+    meta.write_text("Metadata-Version: 2.1\nName: demo\nVersion: 1.1\n")  # inside a dist-info: no folder changes
+    os.utime(site, ns=(stamp, stamp))
+    assert packages_digest() == first  # the cached digest: nothing that is stamped changed
+    (site / "demo-1.0.dist-info").rename(site / "demo-2.0.dist-info")  # an upgrade replaces the dist-info
+    assert packages_digest() != first and "demo==1.1" in installed_packages()
