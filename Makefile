@@ -148,6 +148,7 @@ bench: install
 bench-cluster: system-deps install
 	@bash tests/cluster/sandbox.sh up
 	SLURM_CONF=/tmp/hpc_train-sandbox/etc/slurm.conf $(PY) bench/sweep.py
+	SLURM_CONF=/tmp/hpc_train-sandbox/etc/slurm.conf $(PY) bench/remote.py
 	SLURM_CONF=/tmp/hpc_train-sandbox/etc/slurm.conf $(PY) bench/failover.py --hold
 	SLURM_CONF=/tmp/hpc_train-sandbox/etc/slurm.conf $(PY) bench/failover.py --no-agent
 
