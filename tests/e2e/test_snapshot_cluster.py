@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, write
+from tests.unit.test_snapshot_files import git
 
 pytestmark = pytest.mark.e2e
 
@@ -37,17 +38,6 @@ def cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hpc_train", *args], capture_output=True, text=True, cwd=cwd, timeout=180)
 
 
-def git(root: Path, *args: str) -> str:
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@x",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@x",
-    }
-    return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True, env=env).stdout.strip()
-
-
 def project(root: Path, value: int) -> Path:
     script = write(root / "train.py", TRAIN)
     write(root / "helper.py", f"VALUE = {value}\n")
@@ -64,7 +54,7 @@ def test_a_held_job_runs_the_code_as_submitted_and_gc_keeps_it_only_while_queued
     git(proj, "init", "-q", "-b", "main")
     git(proj, "add", "-A")
     git(proj, "commit", "-q", "-m", "value 1")
-    commit = git(proj, "rev-parse", "HEAD")
+    commit = git(proj, "rev-parse", "HEAD").strip()
     common = ("--site", "sandbox", "--backend", "mpi", "--no-requeue", "--job-root", str(sandbox_job_root))
     out = cli("submit", *common, "--sbatch", "hold", "--parsable", str(script))
     assert out.returncode == 0, out.stderr

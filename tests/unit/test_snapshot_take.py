@@ -4,8 +4,6 @@ the code came from. Real folders, real git."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ from hpc_train.snapshot import files
 from hpc_train.snapshot.code import Code
 from hpc_train.snapshot.take import take
 from tests.conftest import write
+from tests.unit.test_snapshot_files import git
 
 MB = 1 << 20
 
@@ -22,17 +21,6 @@ MB = 1 << 20
 def names(code: Code) -> set[str]:
     tree = Path(code.tree)
     return {p.relative_to(tree).as_posix() for p in tree.rglob("*") if p.is_file() and p.name != "hpc_train_snapshot.json"}
-
-
-def git(root: Path, *args: str) -> None:
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@x",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@x",
-    }
-    subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, env=env)
 
 
 def test_a_job_root_inside_the_project_stays_out_of_its_snapshots(tmp_path):
@@ -100,7 +88,7 @@ def test_a_submit_records_the_commit_branch_and_the_uncommitted_diff(tmp_path):
     git(project, "add", "-A")
     git(project, "commit", "-q", "-m", "one")
     clean = take(str(script), str(tmp_path / "jobs"), MB, with_provenance=True)
-    head = subprocess.run(["git", "-C", str(project), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    head = git(project, "rev-parse", "HEAD").strip()
     assert clean.provenance["commit"] == head and clean.provenance["branch"] == "main" and not clean.provenance["dirty"]
     assert clean.provenance["packages_digest"] and clean.project == str(project.resolve())
     write(project / "train.py", "print(2)\n")
