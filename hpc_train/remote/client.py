@@ -8,6 +8,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import sys
 import time
 import uuid
@@ -184,7 +185,7 @@ def check_version(ssh: Ssh, settings: config.RemoteSettings, out: Any, dest: str
             f"{dest} on {ssh.host} is not writable",
             hint=f"set remote.root in {config.config_path()} to a folder you may write there",
         )
-    if "No module named hpc_train" in err or out.returncode == 127:
+    if re.search(r"No module named '?hpc_train\b", err) or out.returncode == 127:
         what = "has no hpc_train" if out.returncode != 127 else "is not there"
         raise RemoteError(
             f"{settings.python} on {ssh.host} {what} ({err.splitlines()[-1] if err else 'no message'})",
