@@ -97,6 +97,7 @@ ENV_SWEEP_FOLDER = "HPC_TRAIN_SWEEP_FOLDER"  # the sweep's folder, the tasks' fo
 # the user's shell, login side only
 ENV_STATE_DIR = "HPC_TRAIN_STATE_DIR"  # where job records are indexed (default: the XDG state folder)
 ENV_SITE_PATH = "HPC_TRAIN_SITE_PATH"  # folders searched first for site files (os.pathsep-separated)
+ENV_NO_REMOTE = "HPC_TRAIN_NO_REMOTE"  # "1": run here, whatever remote.host says (a login node running --remote's calls)
 ENV_SSH_CONFIG = "HPC_TRAIN_SSH_CONFIG"  # an ssh config file for --remote (ssh -F), instead of ~/.ssh/config
 ENV_SUBMIT_KEY = "HPC_TRAIN_SUBMIT_KEY"  # a remote submit's idempotency key (hpc_train.remote.serve)
 ENV_NO_CACHE = "HPC_TRAIN_NO_CACHE"  # "1": build site configs and resources again, cache nothing

@@ -42,6 +42,8 @@ def host_of(args: argparse.Namespace) -> str | None:
     """The login node this command goes to; None: it runs here. The user's config is read only when it exists."""
     if getattr(args, "remote", None):
         return str(args.remote)
+    if os.environ.get(contract.ENV_NO_REMOTE) == "1":
+        return None  # this is the login node answering a --remote call (ssh.hpc_train_line)
     return config.load().host if config.config_path().is_file() else None
 
 

@@ -84,7 +84,8 @@ def main() -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the connection dropping must not stop a submit half-way
     # read at this interpreter's start (hpc_train.remote.ssh.hpc_train_line); the job inherits the environment,
     # and its script must find the modules beside it
-    os.environ.pop("PYTHONSAFEPATH", None)
+    for name in ("PYTHONSAFEPATH", contract.ENV_NO_REMOTE):
+        os.environ.pop(name, None)
     warnings.showwarning = lambda message, *rest: print(f"warning: {message}", file=sys.stderr)
     try:
         reply = answer(json.loads(sys.stdin.read()), os.environ.get(contract.ENV_SUBMIT_KEY) or None)

@@ -93,8 +93,10 @@ def remote_line(*words: str) -> str:
 
 def hpc_train_line(python: str, *argv: str, module: str = "hpc_train") -> str:
     """``python -m hpc_train ARGV`` for the login node's shell. PYTHONSAFEPATH: the shell starts in the home
-    folder, where ``~/hpc_train/jobs`` (the default job root) would otherwise shadow an editable install."""
-    return "PYTHONSAFEPATH=1 " + remote_line(python, "-m", module, *argv)
+    folder, where ``~/hpc_train/jobs`` (the default job root) would otherwise shadow an editable install.
+    HPC_TRAIN_NO_REMOTE: the command runs there even where the login node's own config names a remote host (the
+    same dotfiles on both machines would otherwise send it on over ssh again, and again)."""
+    return f"PYTHONSAFEPATH=1 {contract.ENV_NO_REMOTE}=1 " + remote_line(python, "-m", module, *argv)
 
 
 def home_quoted(word: str) -> str:

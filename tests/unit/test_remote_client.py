@@ -21,7 +21,7 @@ def test_words_reach_the_login_nodes_shell_quoted_and_home_expanded_there():
     assert line == """"$HOME"/venv/bin/python -m hpc_train status '1; rm -rf ~' '$(id)'"""
     out = subprocess.run(["sh", "-c", f"printf '%s\\n' {remote_line('a b', '~/x y', '`id`')}"], capture_output=True, text=True)
     assert out.stdout.splitlines()[0:1] == ["a b"] and out.stdout.splitlines()[2] == "`id`"
-    assert hpc_train_line("python3", "logs", "7").startswith("PYTHONSAFEPATH=1 python3 -m hpc_train logs 7")
+    assert hpc_train_line("python3", "logs", "7") == "PYTHONSAFEPATH=1 HPC_TRAIN_NO_REMOTE=1 python3 -m hpc_train logs 7"
 
 
 @pytest.mark.parametrize("host", ["-oProxyCommand=touch /tmp/x", "a b", "host\nx", ""])
@@ -93,3 +93,14 @@ def test_a_login_node_with_another_hpc_train_is_refused_naming_both_versions():
     assert f"login1 has hpc_train 0.0.9, this machine {__version__}" in err.value.message and __version__ in err.value.hint
     same = subprocess.run(["sh", "-c", f"echo 'hpc_train {__version__}'"], capture_output=True, text=True)
     client.check_version(ssh, config, same, "~/up/p")  # the same version: no error
+
+
+def test_a_login_node_whose_own_config_names_a_remote_runs_the_forwarded_command_itself(isolated_user, monkeypatch):
+    import argparse
+
+    write(settings.config_path(), "remote:\n  host: login1\n")  # the same dotfiles on the laptop and the login node
+    args = argparse.Namespace(remote=None)
+    assert client.host_of(args) == "login1"  # on the laptop: every remote command goes there
+    monkeypatch.setenv("HPC_TRAIN_NO_REMOTE", "1")  # what the forwarded line sets (hpc_train_line)
+    assert "HPC_TRAIN_NO_REMOTE=1" in hpc_train_line("python3", "status", "7") and client.host_of(args) is None
+    assert client.host_of(argparse.Namespace(remote="login2")) == "login2"  # a flag still says where
