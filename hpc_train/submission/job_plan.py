@@ -59,7 +59,7 @@ class JobPlan:
     function_command: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     warnings: list[Problem] = field(default_factory=list)  # worth saying, not worth stopping for (render prints them)
-    sweep: Any = None  # hpc_train.sweeps.arrays.ArrayPart: this script is one array of a sweep (its tasks, their overrides)
+    sweep: Any = None  # hpc_train.sweeps.scripts.ArrayPart: this script is one array of a sweep (its tasks, their overrides)
     watchdog: bool = False  # the batch script runs hpc_train.runtime.supervise.watchdog next to the step (hangs)
     node_check: bool = False  # each node runs hpc_train.runtime.supervise.node_check before a run trains on it
     spare_nodes: int = 0  # allocated beyond ``nodes``: a failed run restarts on them inside the allocation
@@ -79,7 +79,7 @@ class JobPlan:
 
     @property
     def stdout_pattern(self) -> str:
-        if self.sweep is not None:  # a link to the sweep task's own folder, made by the script (hpc_train.sweeps.arrays)
+        if self.sweep is not None:  # a link to the sweep task's own folder, made by the script (hpc_train.sweeps.scripts)
             return os.path.join(self.sweep.folder, "slurm", "%A_%a", "%t_log.out")
         return os.path.join(self.folder, "%j_%t_log.out")
 

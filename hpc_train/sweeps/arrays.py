@@ -12,16 +12,12 @@ each further array after the one before it. The handle (hpc_train.sweeps.handle)
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
-import json
-import os
 import re
 import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +25,7 @@ from hpc_train import contract
 from hpc_train.errors import SchedulerError, UsageError
 from hpc_train.plugin.backend import Raw
 from hpc_train.submission import slurm_cmd
-from hpc_train.submission.shell import join, quote
+from hpc_train.sweeps.scripts import ArrayPart, ArrayScripts, Overrides, array_directives, env_name
 
 if TYPE_CHECKING:
     from hpc_train.config.job import JobSpec
@@ -39,10 +35,7 @@ if TYPE_CHECKING:
 KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 DEFAULT_MAX_ARRAY_SIZE = 1001  # Slurm's default when the configuration does not say
 ARGS_WORD = Raw('"${hpc_train_sweep_args[@]}"')  # the task's overrides, after the user's script arguments
-ENV_PREFIX = contract.ENV_SWEEP_PREFIX
 RESERVED_ENV = {contract.ENV_SWEEP_TASK, contract.ENV_SWEEP_FOLDER, contract.ENV_SWEEP_OVERRIDES}
-
-Overrides = dict[str, str]
 
 
 # -- what to run -----------------------------------------------------------------------------
@@ -61,10 +54,6 @@ def _check_key(key: Any, where: str) -> str:
             hint="names start with a letter or _ and hold letters, digits, _ . - (it becomes --NAME and an env var)",
         )
     return key
-
-
-def env_name(key: str) -> str:
-    return ENV_PREFIX + re.sub(r"[^A-Za-z0-9]", "_", key).upper()
 
 
 def expand(over: Mapping[str, Iterable[Any]] | Sequence[Mapping[str, Any]]) -> list[Overrides]:
@@ -148,60 +137,6 @@ def split(tasks: Sequence[int], size: int) -> list[list[int]]:
     return [list(tasks[i : i + size]) for i in range(0, len(tasks), size)]
 
 
-# -- one array's script ----------------------------------------------------------------------
-@dataclass
-class ArrayPart:
-    """One array of a sweep, as its script sees it: array index i runs sweep task ``tasks[i]``."""
-
-    folder: str  # the sweep's folder; task t works in <folder>/<t>
-    tasks: list[int]
-    overrides: list[Overrides]  # the whole sweep's, by task
-    lines: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.lines = self._lines()
-
-    def _lines(self) -> list[str]:
-        task_var, folder_var, job_var = contract.ENV_SWEEP_TASK, contract.ENV_SWEEP_FOLDER, contract.ENV_JOB_FOLDER
-        lines = [
-            f"# sweep task {self.tasks[0]}..{self.tasks[-1]} of {len(self.overrides)}: the array index picks one; its overrides",
-            f"# reach the script as arguments and as {ENV_PREFIX}* (all of them as JSON in {contract.ENV_SWEEP_OVERRIDES})",
-            'case "${SLURM_ARRAY_TASK_ID}" in',
-        ]
-        for index, task in enumerate(self.tasks):
-            values = self.overrides[task]
-            args = [word for key, value in values.items() for word in (f"--{key}", value)]
-            env = [f"{env_name(k)}={quote(v)}" for k, v in values.items()]
-            env.append(f"{contract.ENV_SWEEP_OVERRIDES}={quote(json.dumps(values, sort_keys=False))}")
-            lines.append(f"    {index}) {task_var}={task}; hpc_train_sweep_args=({join(args)}); export {' '.join(env)} ;;")
-        lines += [
-            '    *) echo "hpc_train: array index ${SLURM_ARRAY_TASK_ID} is not part of this sweep" >&2; exit 1 ;;',
-            "esac",
-            f"export {task_var} {folder_var}={quote(self.folder)}",
-            f'export {job_var}="${{{folder_var}}}/${{{task_var}}}"',
-            f'mkdir -p "${{{job_var}}}"',
-            "# srun names its logs by array id and index only: a link leads them into the task's folder",
-            f'ln -sfn "../${{{task_var}}}" "${{{folder_var}}}/slurm/${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}"',
-        ]
-        return lines
-
-
-def array_directives(plan: JobPlan, part: ArrayPart, limit: int | None, after_array: str | None) -> list[tuple[str, Any]]:
-    """The plan's #SBATCH options for one array: its index range and limit, logs in the sweep folder,
-    and (for a concurrency-limited sweep split in several arrays) a start after the previous array."""
-    directives = dict(plan.directives)
-    n = len(part.tasks)
-    directives["array"] = f"0-{n - 1}" + (f"%{limit}" if limit and limit < n else "")
-    # the batch shell's own messages; each task's processes write to their task folder (srun --output)
-    directives["output"] = os.path.join(part.folder, "slurm", "%A_%a.out")
-    directives["error"] = os.path.join(part.folder, "slurm", "%A_%a.err")
-    if after_array:
-        own = directives.get("dependency")
-        directives["dependency"] = f"{own},afterany:{after_array}" if own else f"afterany:{after_array}"
-        directives.setdefault("kill-on-invalid-dep", "yes")
-    return sorted(directives.items())
-
-
 # -- submission ------------------------------------------------------------------------------
 def new_folder(job_root: str) -> Path:
     """A sweep's folder, made before anything is submitted (scripts and #SBATCH paths name it).
@@ -236,8 +171,14 @@ def sweep_plan(job: JobSpec, plugins: Plugins, code: Any = None) -> JobPlan:
     return plan
 
 
-def _fixed_text(text: str, _command: str) -> str:
-    return text  # the array's script is rendered already; submitit's command is in it
+class _Script:
+    """The text submitit writes as the submission file: one executor serves every array."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def __call__(self, _command: str) -> str:
+        return self.text  # the array's script is rendered already; submitit's command is in it
 
 
 def submit_arrays(
@@ -263,13 +204,14 @@ def submit_arrays(
     arrays: list[dict[str, Any]] = []
     previous: str | None = None
     slurm_conf = login_slurm_conf(plan)
-    for chunk in split(list(tasks), max_array_size(slurm_conf)):
+    chunks = split(list(tasks), max_array_size(slurm_conf))
+    scripts = ArrayScripts(plan, render, len(chunks))
+    script = _Script()
+    executor = TemplateSlurmExecutor(str(folder / "slurm"), script, python=plan.python)
+    for chunk in chunks:
         part = ArrayPart(str(folder), chunk, overrides)
-        # a copy per array: each array's dependency names only the array before it
-        text = render(
-            dataclasses.replace(plan, sweep=part, directives=array_directives(plan, part, limit, previous if limit else None))
-        )
-        executor = TemplateSlurmExecutor(str(folder / "slurm"), functools.partial(_fixed_text, text), python=plan.python)
+        # each array's dependency names only the array before it
+        script.text = scripts.script(part, array_directives(plan, part, limit, previous if limit else None))
         try:
             job = submit_script(executor, slurm_conf)
         except FailedJobError as exc:

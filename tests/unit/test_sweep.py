@@ -13,9 +13,6 @@ import pytest
 
 from hpc_train.errors import ConfigError, UsageError
 from hpc_train.sweeps.arrays import (
-    ArrayPart,
-    array_directives,
-    env_name,
     expand,
     parse_cli,
     parse_max_array_size,
@@ -23,6 +20,7 @@ from hpc_train.sweeps.arrays import (
     submit_arrays,
     sweep_plan,
 )
+from hpc_train.sweeps.scripts import ArrayPart, array_directives, env_name
 from tests.conftest import write
 
 
