@@ -34,6 +34,7 @@
 #   HPC_TRAIN_SANDBOX_DB_PORT=13306 (MariaDB, bound to 127.0.0.1)
 #   HPC_TRAIN_SANDBOX_MIN_JOB_AGE=3600 (seconds finished jobs stay visible in squeue -j/scontrol)
 #   HPC_TRAIN_SANDBOX_MAX_ARRAY_SIZE=8  (job arrays hold at most this many tasks, indices 0..7)
+#   HPC_TRAIN_SANDBOX_MAX_JOB_COUNT=100000 (job records the controller keeps, finished ones for MinJobAge)
 set -euo pipefail
 
 SANDBOX_DIR=${HPC_TRAIN_SANDBOX_DIR:-/tmp/hpc_train-sandbox}
@@ -53,6 +54,9 @@ DB_PORT=${HPC_TRAIN_SANDBOX_DB_PORT:-13306}
 MIN_JOB_AGE=${HPC_TRAIN_SANDBOX_MIN_JOB_AGE:-3600}
 # deliberately small: sweeps larger than this must be split into several arrays (issue 9)
 MAX_ARRAY_SIZE=${HPC_TRAIN_SANDBOX_MAX_ARRAY_SIZE:-8}
+# Slurm's default is 10,000: bench/sweep.py's 10,000-task sweep beside raw sbatch's (issue 33) needs twice
+# that, every task kept for MinJobAge after its cancel. A table of pointers, ~1 MB at this size
+MAX_JOB_COUNT=${HPC_TRAIN_SANDBOX_MAX_JOB_COUNT:-100000}
 CLUSTER_NAME=htsandbox
 
 INSTALL_HINT="run: bash $(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/install-deps.sh"
@@ -245,6 +249,7 @@ SlurmdTimeout=60
 KillWait=5
 MinJobAge=$MIN_JOB_AGE
 MaxArraySize=$MAX_ARRAY_SIZE
+MaxJobCount=$MAX_JOB_COUNT
 SchedulerType=sched/backfill
 SchedulerParameters=batch_sched_delay=0,sched_interval=2,bf_interval=2,sched_min_interval=100000
 SlurmdParameters=config_overrides
