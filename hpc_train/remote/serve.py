@@ -25,6 +25,7 @@ from typing import Any
 
 from hpc_train import contract
 from hpc_train.errors import HpcTrainError, UsageError
+from hpc_train.snapshot.sent import Sent, receiving
 
 KEY = re.compile(r"[0-9a-f]{32}")
 
@@ -74,10 +75,30 @@ def answer(request: dict[str, Any], key: str | None) -> dict[str, Any]:
     with held(key) as path:
         if path is not None and path.is_file():
             return {**json.loads(path.read_text()), "again": True}
-        result = submit(request)
+        sent = received(request)
+        if sent is not None and (why := sent.stale()):
+            return {"upload": why}  # the laptop sends its project and asks again, with the same key
+        with receiving(sent) if sent is not None else contextlib.nullcontext():
+            result = submit(request)
         if path is not None:
             path.write_text(json.dumps(result))  # before the answer: a dropped answer finds it here
         return result
+
+
+def received(request: dict[str, Any]) -> Sent | None:
+    """The project the laptop listed, in its copy here (this process runs in the copy's folder ``cwd``)."""
+    from hpc_train.version import __version__
+
+    if "files" not in request:
+        return None
+    if request.get("version") != __version__:  # the laptop checked when it last sent the project: not since
+        raise UsageError(
+            f"this login node has hpc_train {__version__}, the submitting machine {request.get('version')}",
+            hint=f"install hpc_train {__version__} there (or {request.get('version')} here): the two must agree",
+        )
+    cwd = str(request.get("cwd") or ".")
+    root = Path.cwd() if cwd == "." else Path.cwd().joinpath(*[".."] * len(Path(cwd).parts)).resolve()
+    return Sent.from_request(root, request)
 
 
 def main() -> int:
@@ -92,8 +113,8 @@ def main() -> int:
         code = 0
     except HpcTrainError as exc:
         reply, code = {"error": exc.message, "hint": exc.hint, "exit_code": exc.exit_code}, exc.exit_code
-    except ValueError as exc:
-        reply, code = {"error": f"the submission was not readable: {exc}", "hint": None, "exit_code": 2}, 2
+    except (ValueError, KeyError, TypeError) as exc:
+        reply, code = {"error": f"the submission was not readable: {exc!r}", "hint": None, "exit_code": 2}, 2
     with contextlib.suppress(OSError):  # the connection may be gone: the job is recorded under its key
         print(json.dumps(reply), flush=True)
     return code

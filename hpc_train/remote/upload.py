@@ -1,6 +1,8 @@
 """Sending the script's project to the login node: the files a snapshot would hold (hpc_train.snapshot.files),
 by rsync over the same ssh connection, into one folder per project there, so a second submit sends only
-what changed and a file removed here is removed there. The login node's submit then snapshots that copy."""
+what changed and a file removed here since the last upload is removed there. Nothing else in that folder is
+touched: it is where the job runs, and what the job writes there (outputs relative to its working folder) is
+the user's. The login node's submit then snapshots the files this machine listed (hpc_train.snapshot.sent)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import shlex
 import shutil
 import socket
 import subprocess
+from collections.abc import Sequence
 
 from hpc_train.errors import RemoteError
 from hpc_train.remote.ssh import Ssh, explain, remote_line
@@ -24,11 +27,12 @@ def destination(project: Project, root: str) -> str:
     return f"{root.rstrip('/')}/{name}-{key}"
 
 
-def includes(entries: list[Entry]) -> bytes:
+def includes(paths: list[str]) -> bytes:
     """rsync's --include-from (NUL-separated): every file and the folders above it, anchored at the root;
-    everything else is excluded, and --delete-excluded takes it away on the login node."""
-    folders = {"/".join(e.path.split("/")[:i]) + "/" for e in entries for i in range(1, e.path.count("/") + 1)}
-    patterns = sorted(folders) + [e.path for e in entries]
+    everything else is excluded, which keeps it from --delete: a path included that this machine no longer has
+    is deleted there, and nothing else."""
+    folders = {"/".join(p.split("/")[:i]) + "/" for p in paths for i in range(1, p.count("/") + 1)}
+    patterns = sorted(folders) + list(paths)
     return b"".join(b"/" + os.fsencode(_escaped(p)) + b"\0" for p in patterns)
 
 
@@ -36,17 +40,18 @@ def _escaped(path: str) -> str:
     return "".join("\\" + c if c in "[]*?\\" else c for c in path)
 
 
-def send(ssh: Ssh, project: Project, entries: list[Entry], dest: str) -> int:
-    """rsync the project to ``dest`` on the login node (made already); how many files were sent."""
+def send(ssh: Ssh, project: Project, entries: list[Entry], dest: str, removed: Sequence[str] = ()) -> int:
+    """rsync the project to ``dest`` on the login node (made already), deleting there the ``removed`` paths
+    (sent before, gone here); how many files were sent."""
     if shutil.which("rsync") is None:
         raise RemoteError("rsync is not installed here, and it sends the project", hint="install rsync")
     target = dest if not dest.startswith("~/") else dest[2:]  # rsync's remote paths start in the home folder
     cmd = [
-        "rsync", "-a", "--delete", "--delete-excluded", "--from0", "--include-from=-", "--exclude=*",
+        "rsync", "-a", "--delete", "--from0", "--include-from=-", "--exclude=*",
         "--out-format=%n", "-e", shlex.join(["ssh", *ssh.options()]),
         f"{project.root}/", f"{ssh.host}:{target}/",
     ]  # fmt: skip
-    out = subprocess.run(cmd, input=includes(entries), capture_output=True, timeout=3600)
+    out = subprocess.run(cmd, input=includes([e.path for e in entries] + list(removed)), capture_output=True, timeout=3600)
     err = out.stderr.decode(errors="replace")
     if out.returncode == 0:
         return sum(1 for line in out.stdout.decode(errors="replace").splitlines() if line and not line.endswith("/"))

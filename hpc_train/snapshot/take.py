@@ -11,6 +11,7 @@ from pathlib import Path
 from hpc_train.snapshot.code import Code
 from hpc_train.snapshot.files import Entry, find_project, project_files
 from hpc_train.snapshot.limits import check_size
+from hpc_train.snapshot.sent import sent_for
 from hpc_train.snapshot.store import Store
 
 STORE = "snapshots"  # in the job root: objects/, trees/, index/, diffs/
@@ -23,16 +24,17 @@ def store_of(job_root: str) -> Store:
 def take(script: str, job_root: str, max_bytes: int, *, with_provenance: bool) -> Code:
     """The snapshot of ``script``'s project, stored if new; raises SnapshotError (hpc_train.errors) when it
     cannot be taken, before anything is queued."""
-    project = find_project(Path(script))
-    entries = without(project_files(project), project.root, Path(job_root))
+    sent = sent_for(Path(script))  # submit --remote: the laptop's list of the copy's files, and its git facts
+    project = sent.project if sent else find_project(Path(script))
+    entries = without(sent.entries() if sent else project_files(project), project.root, Path(job_root))
     check_size(project, entries, max_bytes)
     store = store_of(job_root)
     snap = store.save(project, entries)
     facts: dict = {}
     if with_provenance:
-        from hpc_train.snapshot.provenance import provenance, write_diff
+        from hpc_train.snapshot.provenance import provenance, received, write_diff
 
-        prov, diff = provenance(project)
+        prov, diff = received(sent) if sent else provenance(project)
         write_diff(diff, store.root / "diffs")
         facts = prov.as_record()
     return Code(str(snap.path), snap.digest, str(project.root), snap.files, snap.size, snap.reused, facts)

@@ -22,6 +22,8 @@ TRAIN = """\
 import os, sys
 from helper import VALUE
 print("value", VALUE, "args", sys.argv[1:], "cwd", os.getcwd())
+with open("written-by-the-job.txt", "w") as out:  # its working folder: the login node's copy
+    out.write("output")
 """
 
 
@@ -46,21 +48,29 @@ def test_a_project_submitted_through_a_login_node_runs_there_and_a_second_submit
     script = write(project / "train.py", TRAIN)
     write(project / "helper.py", "VALUE = 1\n")
     write(project / "old.py", "gone = True\n")
+    write(project / "weights.pt", "tracked")  # outside git the default ignores would leave a *.pt out
+    head = commit_all(project)
     job = ("--site", "sandbox", "--backend", "mpi", "--no-requeue", "--job-root", str(sandbox_job_root))
     out = cli("submit", "--remote", "login", *job, "--wait", "train.py", "--", "--lr", "0.1", cwd=project)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.startswith("Submitted job ") and "through login" in out.stdout, out.stdout
     job_id = out.stdout.split()[2]
     copy = uploads(isolated_user)
-    assert sorted(p.name for p in copy.iterdir()) == ["helper.py", "old.py", "train.py"]
+    sent = ["helper.py", "old.py", "train.py", "weights.pt"]
+    assert sorted(p.name for p in copy.iterdir()) == sorted([*sent, "written-by-the-job.txt"])
     logs = cli("logs", job_id, "--remote", "login")
     assert logs.returncode == 0 and "value 1 args ['--lr', '0.1']" in logs.stdout, logs.stdout + logs.stderr
-    status = json.loads(cli("status", job_id, "--json", "--remote", "login").stdout)
-    assert status["state"] == "COMPLETED"
-    record = json.loads((sandbox_job_root / job_id / "hpc_train.json").read_text())
-    assert record["code"]["project"] == str(copy)  # the login node snapshotted the copy it was sent
+    status = cli("status", job_id, "--json", "--remote", "login")
+    assert json.loads(status.stdout)["state"] == "COMPLETED"
+    assert f"commit {head[:12]} (main)" in cli("status", job_id, "--remote", "login").stdout
+    code = json.loads((sandbox_job_root / job_id / "hpc_train.json").read_text())["code"]
+    # the login node snapshotted the files this machine listed, with this machine's commit
+    assert code["project"] == str(copy) and code["provenance"]["commit"] == head and not code["provenance"]["dirty"]
+    stored = sorted(p.name for p in Path(code["tree"]).iterdir() if p.is_file() and p.name != "hpc_train_snapshot.json")
+    assert stored == sent  # (and the job's own __pycache__)
 
-    # unchanged: nothing is sent again (the copies keep their inodes); then an edit and a removal are
+    # unchanged: nothing is sent (the copies keep their inodes, no rsync runs); an edit and a removal are sent,
+    # and what the job wrote in its working folder stays
     inodes = {p.name: p.stat().st_ino for p in copy.iterdir()}
     name = f"remote-{uuid.uuid4().hex[:8]}"
     again = cli("submit", "--remote", "login", *job, "--job-name", name, "--sbatch", "hold", "--parsable", str(script))
@@ -71,15 +81,29 @@ def test_a_project_submitted_through_a_login_node_runs_there_and_a_second_submit
     third = cli("submit", "--remote", "login", *job, "--job-name", name, "--sbatch", "hold", "--parsable", str(script))
     assert third.returncode == 0, third.stderr
     now = {p.name: p.stat().st_ino for p in copy.iterdir()}
-    assert (
-        set(now) == {"helper.py", "train.py"}
-        and now["train.py"] == inodes["train.py"]
-        and now["helper.py"] != inodes["helper.py"]
-    )
+    assert set(now) == {"helper.py", "train.py", "weights.pt", "written-by-the-job.txt"}
+    assert now["train.py"] == inodes["train.py"] and now["helper.py"] != inodes["helper.py"]
     assert (copy / "helper.py").read_text() == "VALUE = 2\n"
-    for held in (again.stdout.strip(), third.stdout.strip()):
+    third_code = json.loads((sandbox_job_root / third.stdout.strip() / "hpc_train.json").read_text())["code"]
+    assert third_code["provenance"]["dirty"] and third_code["provenance"]["diff_digest"]
+
+    # the copy changed on the login node since (someone edited it there): the laptop's file is sent again
+    write(copy / "helper.py", "VALUE = 'edited on the login node'\n")
+    fourth = cli("submit", "--remote", "login", *job, "--job-name", name, "--sbatch", "hold", "--parsable", str(script))
+    assert fourth.returncode == 0 and "sending the project again (helper.py" in fourth.stderr, fourth.stderr
+    assert (copy / "helper.py").read_text() == "VALUE = 2\n"
+    for held in (again.stdout.strip(), third.stdout.strip(), fourth.stdout.strip()):
         assert cli("cancel", held, "--remote", "login").returncode == 0
     assert queued(name) == []
+
+
+def commit_all(project: Path) -> str:
+    from tests.unit.test_snapshot_files import git
+
+    git(project, "init", "-q", "-b", "main")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "laptop")
+    return git(project, "rev-parse", "HEAD").strip()
 
 
 @pytest.mark.parametrize(
@@ -124,16 +148,16 @@ def test_a_submit_asked_again_with_its_key_answers_with_the_job_it_queued(login_
     write(tmp_path / "proj" / "helper.py", "VALUE = 1\n")
     project = find_project(script)
     config = settings.load()
-    transfer = Transfer(project, project_files(project), destination(project, config.root), ".")
+    transfer = Transfer(project, project_files(project), destination(project, config.root), ".", [])
     name = f"remote-{uuid.uuid4().hex[:8]}"
     options = {"site": "sandbox", "backend": "mpi", "job_root": str(sandbox_job_root), "job_name": name, "sbatch": {"hold": True}}
     request = {"script": "train.py", "script_args": [], "options": options, "sweep": None}
     key = uuid.uuid4().hex
-    first = _attempt(Ssh("login"), config, transfer, request, key)
-    second = _attempt(Ssh("login"), config, transfer, request, key)
+    first = _attempt(Ssh("login"), config, transfer, request, key, current=False)
+    second = _attempt(Ssh("login"), config, transfer, request, key, current=True)
     assert second["job_id"] == first["job_id"] and second["again"] and not first.get("again")
     assert queued(name) == [first["job_id"]]
-    other = _attempt(Ssh("login"), config, transfer, request, uuid.uuid4().hex)  # a new submit is a new job
+    other = _attempt(Ssh("login"), config, transfer, request, uuid.uuid4().hex, current=True)  # a new submit: a new job
     assert sorted(queued(name)) == sorted([first["job_id"], other["job_id"]])
     subprocess.run(["scancel", "-n", name], check=True)
     assert os.environ["HPC_TRAIN_SSH_CONFIG"] == str(login_node.config)

@@ -31,8 +31,7 @@ def test_a_host_ssh_would_read_as_an_option_is_refused(host):
 
 
 def test_rsync_is_told_every_file_and_the_folders_above_it_and_nothing_else():
-    entries = [Entry("train.py"), Entry("pkg/sub/m[1].py"), Entry("pkg/__init__.py")]
-    patterns = includes(entries).split(b"\0")[:-1]
+    patterns = includes(["train.py", "pkg/sub/m[1].py", "pkg/__init__.py"]).split(b"\0")[:-1]
     assert patterns == [b"/pkg/", b"/pkg/sub/", b"/train.py", b"/pkg/sub/m\\[1\\].py", b"/pkg/__init__.py"]
 
 
