@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -133,6 +134,25 @@ def test_each_way_a_login_node_fails_is_said_and_nothing_is_queued(
     assert "Traceback" not in out.stderr
     for fragment in fragments:
         assert fragment in out.stderr, out.stderr
+    assert queued(name) == []
+
+
+def test_rsync_missing_here_is_said_and_nothing_is_queued(login_node, slurm_cluster, isolated_user, tmp_path):
+    tools = tmp_path / "bin"  # this machine's PATH has ssh and git, and no rsync
+    tools.mkdir()
+    for tool in ("ssh", "git"):
+        (tools / tool).symlink_to(shutil.which(tool))
+    script = write(tmp_path / "proj" / "train.py", TRAIN)
+    name = f"remote-{uuid.uuid4().hex[:8]}"
+    out = subprocess.run(
+        [sys.executable, "-m", "hpc_train", "submit", "--remote", "login", "--site", "sandbox", "--job-name", name, str(script)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": str(tools)},
+        timeout=120,
+    )
+    assert out.returncode == 69 and "Traceback" not in out.stderr, out.stderr
+    assert "rsync is not installed here" in out.stderr and "install rsync" in out.stderr, out.stderr
     assert queued(name) == []
 
 
