@@ -64,28 +64,38 @@ def test_a_lone_array_is_rendered_once(tmp_path: Path, plugins):
     assert renders == 1 and pairs[0][0] == pairs[0][1]
 
 
-def test_a_site_template_that_reads_the_tasks_itself_is_rendered_per_array(tmp_path: Path, plugins, site_dir):
+def _site_with_block(site_dir: Path, name: str, block: str, body: str) -> str:
+    """A site on the sandbox whose template overrides one block of the built-in."""
     write(
-        site_dir / "templates" / "counted.sh.j2",
-        '{% extends "default:sbatch/base.sh.j2" %}\n{% block setup %}\n'
-        "# this array runs {{ plan.sweep.tasks | length }} task(s) from {{ plan.sweep.tasks[0] }}\n{% endblock %}\n",
+        site_dir / "templates" / f"{name}.sh.j2",
+        f'{{% extends "default:sbatch/base.sh.j2" %}}\n{{% block {block} %}}\n{body}{{% endblock %}}\n',
     )
-    write(site_dir / "counted.yaml", "extends: sandbox\ntemplate: counted.sh.j2\ntemplate_dirs: [templates]\n")
-    plan = _plan(tmp_path, plugins, site="counted")
-    pairs, renders = _scripts_and_full_renders(tmp_path, plugins, plan, tasks=8 * 3 + 2, limit=None)
-    assert all(script == full for script, full in pairs)
-    assert "# this array runs 2 task(s) from 24\n" in pairs[-1][0]
-    assert renders == 2 + 3  # the skeleton did not match the first array's render: every array rendered in full
+    write(site_dir / f"{name}.yaml", f"extends: sandbox\ntemplate: {name}.sh.j2\ntemplate_dirs: [templates]\n")
+    return name
 
 
-def test_a_template_that_prints_the_directives_its_own_way_is_rendered_per_array(tmp_path: Path, plugins, site_dir):
-    write(
-        site_dir / "templates" / "own.sh.j2",
-        '{% extends "default:sbatch/base.sh.j2" %}\n{% block directives %}\n'
-        "{% for key, value in plan.directives %}\n#SBATCH --{{ key }} {{ value }}\n{% endfor %}\n{% endblock %}\n",
-    )
-    write(site_dir / "own.yaml", "extends: sandbox\ntemplate: own.sh.j2\ntemplate_dirs: [templates]\n")
-    plan = _plan(tmp_path, plugins, site="own")
-    pairs, renders = _scripts_and_full_renders(tmp_path, plugins, plan, tasks=8 * 3, limit=None)
-    assert all(script == full for script, full in pairs)
-    assert "#SBATCH --array 0-7\n" in pairs[1][0] and renders == 2 + 2
+@pytest.mark.parametrize(
+    ("block", "body", "tasks", "fragment"),
+    [  # a template that reads the tasks itself; one that prints the directives its own way
+        (
+            "setup",
+            "# this array runs {{ plan.sweep.tasks | length }} task(s) from {{ plan.sweep.tasks[0] }}\n",
+            26,
+            "# this array runs 2 task(s) from 24\n",
+        ),
+        (
+            "directives",
+            "{% for key, value in plan.directives %}\n#SBATCH --{{ key }} {{ value }}\n{% endfor %}\n",
+            24,
+            "#SBATCH --array 0-7\n",
+        ),
+    ],
+)
+def test_a_template_the_skeleton_does_not_fit_is_rendered_per_array(
+    tmp_path: Path, plugins, site_dir, block, body, tasks, fragment
+):
+    plan = _plan(tmp_path, plugins, site=_site_with_block(site_dir, "own", block, body))
+    pairs, renders = _scripts_and_full_renders(tmp_path, plugins, plan, tasks=tasks, limit=None)
+    assert all(script == full for script, full in pairs) and fragment in pairs[-1][0]
+    # the first array in full and as a skeleton, which did not give that render: every other array in full
+    assert renders == 2 + (len(pairs) - 1)
