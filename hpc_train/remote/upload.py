@@ -19,6 +19,9 @@ from hpc_train.errors import RemoteError
 from hpc_train.remote.ssh import Ssh, explain, remote_line
 from hpc_train.snapshot.files import Entry, Project
 
+# a file cut off by a dropped connection waits here, and the next submit's rsync goes on from where it stopped
+PARTIAL = ".hpc_train-partial"
+
 
 def destination(project: Project, root: str) -> str:
     """The project's folder on the login node: the same for every submit of this project from this machine."""
@@ -47,7 +50,7 @@ def send(ssh: Ssh, project: Project, entries: list[Entry], dest: str, removed: S
         raise RemoteError("rsync is not installed here, and it sends the project", hint="install rsync")
     target = dest if not dest.startswith("~/") else dest[2:]  # rsync's remote paths start in the home folder
     cmd = [
-        "rsync", "-a", "--delete", "--from0", "--include-from=-", "--exclude=*",
+        "rsync", "-a", "--delete", f"--partial-dir={PARTIAL}", "--from0", "--include-from=-", "--exclude=*",
         "--out-format=%n", "-e", shlex.join(["ssh", *ssh.options()]),
         f"{project.root}/", f"{ssh.host}:{target}/",
     ]  # fmt: skip

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -181,3 +182,49 @@ def test_a_submit_asked_again_with_its_key_answers_with_the_job_it_queued(login_
     assert sorted(queued(name)) == sorted([first["job_id"], other["job_id"]])
     subprocess.run(["scancel", "-n", name], check=True)
     assert os.environ["HPC_TRAIN_SSH_CONFIG"] == str(login_node.config)
+
+
+def test_a_transfer_cut_off_by_a_dropped_connection_is_finished_by_the_next_send(login_node, isolated_user, tmp_path):
+    """The laptop's side of the connection dies while a large file is on its way (its ssh is killed, as a lost
+    network would end it): the send fails with what to do, and the next one completes the copy from where it
+    stopped (rsync's partial file), without sending again what had arrived."""
+    import threading
+
+    from hpc_train.errors import RemoteError
+    from hpc_train.remote import settings
+    from hpc_train.remote.ssh import Ssh
+    from hpc_train.remote.upload import PARTIAL, destination, prepare_line, send
+    from hpc_train.snapshot.files import find_project, project_files
+
+    script = write(tmp_path / "proj" / "train.py", TRAIN)
+    write(tmp_path / "proj" / "helper.py", "VALUE = 1\n")
+    with open(tmp_path / "proj" / "z-data.bin", "wb") as out:
+        for _ in range(16):
+            out.write(os.urandom(16 << 20))  # 256 MiB that do not compress, sent last (rsync goes by name)
+    project = find_project(script)
+    entries = project_files(project)
+    config, ssh = settings.load(), Ssh("login")
+    dest = destination(project, config.root)
+    assert ssh.run(prepare_line(dest, config.python)).returncode == 0
+    copy = Path(dest)
+    failure: list[BaseException] = []
+    sending = threading.Thread(target=lambda: _catch(failure, lambda: send(ssh, project, entries, dest)))
+    sending.start()
+    while not any(p.name.startswith(".z-data.bin.") for p in copy.iterdir()) and sending.is_alive():
+        time.sleep(0.005)  # rsync writes the file under a temporary name until it is whole
+    subprocess.run(["pkill", "-KILL", "-f", f"^ssh .*rsync --server.*{copy.name}"], check=False)
+    sending.join(timeout=120)
+    assert len(failure) == 1 and isinstance(failure[0], RemoteError), failure
+    assert failure[0].retryable and "z-data.bin" not in {p.name for p in copy.iterdir()}
+    partial = copy / PARTIAL / "z-data.bin"
+    assert partial.is_file() and 0 < partial.stat().st_size < (256 << 20)
+    assert send(ssh, project, entries, dest) == 1  # only the file that had not arrived
+    assert (copy / "z-data.bin").read_bytes() == (tmp_path / "proj" / "z-data.bin").read_bytes()
+    assert not (copy / PARTIAL).exists()
+
+
+def _catch(into: list[BaseException], fn) -> None:
+    try:
+        fn()
+    except BaseException as exc:  # the thread hands whatever happened to the test
+        into.append(exc)
