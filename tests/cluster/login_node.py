@@ -40,6 +40,7 @@ class LoginNode:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.port = free_port()
+        self.norsync_port = free_port()  # the same server, whose sessions on this port find no rsync (login-norsync)
         self.config = folder / "ssh_config"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -53,9 +54,14 @@ class LoginNode:
         (f / "authorized_keys").write_text(keygen(f / "client_key") + "\n")
         keygen(f / "stranger_key")
         where = f"[127.0.0.1]:{self.port}"
-        (f / "known_hosts").write_text(f"{where} {' '.join(host_key.split()[:2])}\n")
+        key = " ".join(host_key.split()[:2])
+        (f / "known_hosts").write_text(f"{where} {key}\n[127.0.0.1]:{self.norsync_port} {key}\n")
         (f / "known_hosts_changed").write_text(f"{where} {' '.join(other_host.split()[:2])}\n")
         (f / "known_hosts_empty").write_text("")
+        # a login node without rsync: sessions on norsync_port get a PATH that holds mkdir alone
+        (f / "bin-norsync").mkdir(exist_ok=True)
+        if not (f / "bin-norsync" / "mkdir").exists():
+            (f / "bin-norsync" / "mkdir").symlink_to(shutil.which("mkdir") or "/bin/mkdir")
         (f / "sshd_config").write_text(self._sshd_config())
         self.config.write_text(self._client_config())
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation folder
@@ -97,24 +103,27 @@ AcceptEnv HPC_TRAIN_* XDG_* SLURM_CONF TORCH_EXTENSIONS_DIR
 MaxStartups 100
 MaxSessions 100
 LogLevel ERROR
+Port {self.norsync_port}
+Match LocalPort {self.norsync_port}
+    SetEnv PATH={f / "bin-norsync"}
 """
 
     def _client_config(self) -> str:
         f = self.folder
         common = f"""\
     HostName 127.0.0.1
-    Port {self.port}
     User {os.environ.get("USER") or "root"}
     IdentitiesOnly yes
     SendEnv HPC_TRAIN_* XDG_* SLURM_CONF TORCH_EXTENSIONS_DIR
 """
         hosts = {
-            "login": ("client_key", "known_hosts"),
-            "login-badkey": ("stranger_key", "known_hosts"),
-            "login-changed": ("client_key", "known_hosts_changed"),
-            "login-unknown": ("client_key", "known_hosts_empty"),
+            "login": ("client_key", "known_hosts", self.port),
+            "login-badkey": ("stranger_key", "known_hosts", self.port),
+            "login-changed": ("client_key", "known_hosts_changed", self.port),
+            "login-unknown": ("client_key", "known_hosts_empty", self.port),
+            "login-norsync": ("client_key", "known_hosts", self.norsync_port),
         }
         return "".join(
-            f"Host {name}\n{common}    IdentityFile {f / key}\n    UserKnownHostsFile {f / known}\n\n"
-            for name, (key, known) in hosts.items()
+            f"Host {name}\n    Port {port}\n{common}    IdentityFile {f / key}\n    UserKnownHostsFile {f / known}\n\n"
+            for name, (key, known, port) in hosts.items()
         )

@@ -157,6 +157,13 @@ def test_rsync_missing_here_is_said_and_nothing_is_queued(login_node, slurm_clus
     assert queued(name) == []
 
 
+def test_rsync_missing_on_the_login_node_is_said_before_anything_is_submitted(login_node, isolated_user, tmp_path):
+    script = write(tmp_path / "proj" / "train.py", TRAIN)  # login-norsync: a shell whose PATH has no rsync
+    out = cli("submit", "--remote", "login-norsync", "--site", "local", str(script), timeout=120)
+    assert out.returncode == 69 and "Traceback" not in out.stderr and "Submitted" not in out.stdout, out.stderr
+    assert "rsync is not installed on login-norsync" in out.stderr and "ask its admins" in out.stderr, out.stderr
+
+
 def test_a_submit_asked_again_with_its_key_answers_with_the_job_it_queued(login_node, slurm_cluster, sandbox_job_root, tmp_path):
     """What a retry after a dropped connection meets: the same key, the same job, one job in the queue."""
     from hpc_train.remote import settings
