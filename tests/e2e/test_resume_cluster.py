@@ -66,6 +66,11 @@ def test_a_2x2_run_resumed_as_2x1_and_1x2_matches_the_uninterrupted_run(slurm_cl
     assert sorted(p.name for p in (first_root / first / "checkpoints").iterdir()) == [f"step-{STOP:08d}"]
 
 
+@pytest.mark.slow(
+    reason="three DeepSpeed jobs one after the other (2x2 saving a checkpoint, then 2x1 and 1x2 resuming it through "
+    "DeepSpeed's universal converter): a DeepSpeed rank spends ~6 s of CPU starting, and the resumed shapes are what "
+    "this test checks"
+)
 def test_deepspeed_zero_state_of_2x2_resumed_as_2x1_and_1x2_matches_the_uninterrupted_run(slurm_cluster, sandbox_job_root):
     adam = ("--adam",)  # the optimizer state DeepSpeed's universal checkpoint converts
     # the uninterrupted run saves step STOP on its way: the steps to match and the checkpoint to resume from
