@@ -15,6 +15,7 @@ from tests import speed_guard
         (120.0, 8.0, 2, 30.0),  # four runnable tasks a core: a quarter of one
         (268.0, 6.0, 2, 268.0 / 3),
     ],
+    ids=["idle", "every-core-busy", "four-a-core", "three-a-core"],
 )
 def test_a_test_s_time_is_scaled_by_the_share_of_a_core_it_had(wall, load, cores, alone):
     assert speed_guard.core_seconds(wall, load, cores) == pytest.approx(alone)
