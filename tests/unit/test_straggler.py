@@ -222,8 +222,12 @@ def test_a_slow_rank_and_its_host_are_named_within_a_few_windows(tmp_path):
     named = [json.loads(line) for line in (metrics / contract.STRAGGLERS).read_text().splitlines()]
     assert [(n["rank"], n["host"]) for n in named] == [(2, host)], named  # once: it never recovered
     assert named[0]["windows"] == NAMED_AFTER and named[0]["step"] <= (NAMED_AFTER + 2) * WINDOW_STEPS
-    # 30 ms more than the others' 30 ms of sleep plus the step's own work
-    assert 0.6 < named[0]["slowdown"] < 1.4 and named[0]["run"] == 1
+    # 30 ms a step more than the others, whatever the load (their own work and their waits for a core add to both
+    # sides alike); the slowdown is the ratio of the two, which load lowers (0.58 beside x66's make test-unit loop)
+    extra_ms = named[0]["compute_ms"] - named[0]["median_ms"]
+    assert extra_ms >= 20 and named[0]["run"] == 1, named
+    assert named[0]["slowdown"] == pytest.approx(named[0]["compute_ms"] / named[0]["median_ms"] - 1, abs=1e-3)
+    assert named[0]["slowdown"] < 1.4
     log = [line for line in out.stderr.splitlines() if "straggler:" in line]
     assert len(log) == 1 and log[0].startswith(f"hpc_train: straggler: rank 2 on {host} is ")
     assert log[0].endswith(f"for {NAMED_AFTER} windows") and "% slower than the median (compute " in log[0]
