@@ -21,8 +21,8 @@ def test_a_test_s_time_is_scaled_by_the_share_of_a_core_it_had(wall, load, cores
     assert speed_guard.core_seconds(wall, load, cores) == pytest.approx(alone)
 
 
-def test_the_guard_fails_by_default_and_only_lists_when_asked(monkeypatch):
+def test_the_guard_lists_by_default_and_fails_when_asked(monkeypatch):
     monkeypatch.delenv("HPC_TRAIN_SPEED_GUARD", raising=False)
-    assert speed_guard._failing()
-    monkeypatch.setenv("HPC_TRAIN_SPEED_GUARD", "warn")
     assert not speed_guard._failing()
+    monkeypatch.setenv("HPC_TRAIN_SPEED_GUARD", "fail")
+    assert speed_guard._failing()
