@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests import speed_guard
@@ -21,8 +23,37 @@ def test_a_test_s_time_is_scaled_by_the_share_of_a_core_it_had(wall, load, cores
     assert speed_guard.core_seconds(wall, load, cores) == pytest.approx(alone)
 
 
-def test_the_guard_lists_by_default_and_fails_when_asked(monkeypatch):
+def test_the_guard_fails_by_default_and_only_lists_when_asked(monkeypatch):
     monkeypatch.delenv("HPC_TRAIN_SPEED_GUARD", raising=False)
-    assert not speed_guard._failing()
-    monkeypatch.setenv("HPC_TRAIN_SPEED_GUARD", "fail")
     assert speed_guard._failing()
+    monkeypatch.setenv("HPC_TRAIN_SPEED_GUARD", "warn")
+    assert not speed_guard._failing()
+
+
+def test_the_load_is_the_runnable_tasks_but_the_reader():
+    assert speed_guard.runnable("6.10 7.02 6.55 9/812 4711\n") == 8
+    assert speed_guard.runnable("0.00 0.01 0.05 1/90 12\n") == 0
+
+
+def test_the_hypervisor_s_steal_is_taken_off_the_cores():
+    before = "cpu  1000 0 200 500 10 0 5 100 0 0"
+    after = "cpu  1250 0 250 600 10 0 5 200 0 0"  # 100 of the 500 ticks in between stolen
+    assert speed_guard.stolen(before, after) == pytest.approx(0.2)
+    assert speed_guard.stolen(before, before) == 0.0
+
+
+def test_a_test_s_load_is_the_mean_of_the_samples_taken_while_it_ran():
+    load = speed_guard._Load()
+    now = time.monotonic()
+    load.samples.extend([(now - 100, 20), (now - 10, 4), (now - 5, 8), (now, 6)])
+    assert load.mean(now - 30) == pytest.approx(6.0)  # not the sample before it started
+    assert load.mean(now + 1) == 0.0  # none taken: the wall time counts whole
+
+
+def test_the_sampler_reads_this_machine_s_load():
+    load = speed_guard._Load()
+    load.start()
+    deadline = time.monotonic() + 5
+    while not load.samples and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert load.samples and load.samples[0][1] >= 0
