@@ -50,8 +50,9 @@ $(INSTALLED): setup.cfg pyproject.toml | $(PY)
 backends: backend-packages
 	$(MAKE) -j2 horovod deepspeed-ops
 
-# the backends' Python packages alone: make test type-checks after them (mpi4py ships type stubs) and beside the compiles
-backend-packages: install system-deps
+# the backends' Python packages alone (no apt: mpi4py is a wheel, which needs Open MPI's library only when
+# imported): make test type-checks after them (mpi4py ships type stubs) while apt still installs
+backend-packages: install
 	$(PIP) install -q deepspeed mpi4py "$(TORCH)"
 
 # DeepSpeed's CPU all-reduce op, compiled once where the tests and their jobs look for it (tests/conftest.py):
@@ -68,7 +69,7 @@ deepspeed-ops:
 
 # the version tools/build_horovod.sh builds (it ignores a source of another version)
 HOROVOD_SDIST := build/horovod-0.28.1.tar.gz
-horovod: install
+horovod: install system-deps
 	HOROVOD_SDIST="$(CURDIR)/$(HOROVOD_SDIST)" bash tools/build_horovod.sh $(VENV)
 
 # Horovod's source, fetched with the system's pip before the venv exists: make test fetches it beside the

@@ -3,9 +3,9 @@
 # the ten slowest tests and the total.
 #
 # The phases overlap where nothing they share can race: the apt packages beside the Python packages (they
-# write different trees) and Horovod's source download; the compiles (Horovod, DeepSpeed's op) beside the
-# sandbox's start and lint (the cluster reads no site-packages; lint writes nothing and reads only typed
-# packages, installed before). The Python packages are installed one pip at a time.
+# write different trees), Horovod's source download, lint and DeepSpeed's op; Horovod's compile beside the
+# sandbox's start (the cluster reads no site-packages; lint writes nothing and reads only typed packages,
+# installed before). The Python packages are installed one pip at a time.
 #
 # Usage: tools/make_test.sh WORKERS [PYTEST_ARGS...]     (the Makefile passes $(PYTEST_WORKERS), $(PYTEST_ARGS))
 set -uo pipefail
@@ -25,7 +25,7 @@ fail() {
 # apt and pip a minute or two each, Horovod compiled in about five). A phase that hangs (a stalled download,
 # a prompt) fails with its log and what it was still running, instead of holding CI until CI's own limit
 # ends it with nothing said: stop 39's CI printed "set-up" and then nothing for 90 minutes.
-declare -A LIMIT=([system-deps]=1200 [install]=900 [fetch]=120 [packages]=900 [compile]=1800 [cluster]=300 [lint]=600)
+declare -A LIMIT=([system-deps]=1200 [install]=900 [fetch]=120 [packages]=900 [op]=900 [horovod]=1800 [cluster]=300 [lint]=600)
 
 # phase NAME CMD...: run CMD (stdin closed: nothing may wait for an answer) in a process group of its own,
 # with its output in a log; say when it starts and ends; past its limit, show what it was running and stop it
@@ -52,34 +52,39 @@ phase() {
 }
 
 say "set-up (logs in $LOGS)"
-# 1. the Debian packages (Slurm, munge, MariaDB, Open MPI) beside the venv and its Python packages, and
-# Horovod's source (a download: the network, not the cores) beside both
+# 1. the Debian packages (Slurm, munge, MariaDB, Open MPI) beside everything that needs none of them: the
+# venv and its Python packages (DeepSpeed; mpi4py is a wheel, which needs Open MPI's library only when
+# imported), lint, and DeepSpeed's op (a shared-memory all-reduce: g++ and torch); Horovod's source (a
+# download) beside both. On a fresh machine apt is the longest of these; where it is already done (a second
+# clone) the order changes nothing
 phase system-deps make --no-print-directory system-deps &
 apt=$!
 phase fetch make --no-print-directory horovod-sdist &
 fetch=$!
 phase install make --no-print-directory install
+# mypy reads mpi4py's type stubs: lint after the backends' packages. The compiles take what lint's CPU leaves
+phase packages make --no-print-directory backend-packages
+phase op make --no-print-directory deepspeed-ops &
+op=$!
+phase lint make --no-print-directory lint-checks &
+lint=$!
 wait "$apt" || exit 1
 # a fetch that failed costs nothing more: build_horovod.sh downloads the source itself when it needs it
 wait "$fetch" || say "  (fetch failed: Horovod's build downloads its source itself)"
-# 2. the backends' Python packages (DeepSpeed, mpi4py), then their compiles (Horovod, unless a build is cached;
-# DeepSpeed's op) beside the sandbox's start and lint: the cluster reads no site-packages, and mypy reads only
-# packages with type information, which neither compile installs (Horovod ships none; mpi4py's stubs, which
-# mypy does read, are in place before). Set-up 191 s against 199 s with lint after them (the compiles take
-# what lint's CPU leaves)
+# 2. what needs apt's packages: Horovod's compile (Open MPI's headers; unless a build is cached) beside the
+# sandbox's start (Slurm)
 if [ "${HPC_TRAIN_SANDBOX_KEEP:-}" = 1 ]; then
     keep=1
 else
     keep=0
 fi
-phase packages make --no-print-directory backend-packages
-phase compile make --no-print-directory -j2 horovod deepspeed-ops &
-compile=$!
+phase horovod make --no-print-directory horovod &
+horovod=$!
 phase cluster bash tests/cluster/sandbox.sh up &
 cluster=$!
-phase lint make --no-print-directory lint-checks
-wait "$cluster" || exit 1
-wait "$compile" || exit 1
+for pid in "$lint" "$op" "$cluster" "$horovod"; do
+    wait "$pid" || exit 1
+done
 
 # DeepSpeed's CPU op, compiled by `make backends`, for every process of the run: the conftest sets it per test,
 # but a process outside a test (collection, a job whose environment was not the test's) compiled it again

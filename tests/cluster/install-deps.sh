@@ -26,6 +26,10 @@ log "missing: ${missing[*]}"
 
 export DEBIAN_FRONTEND=noninteractive
 APT_OPTS=(-y --no-install-recommends -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold)
+# dpkg syncs each file it unpacks to disk (not measured here: this machine's packages are installed); these are
+# a test machine's packages, and an install cut off half-way is finished by `dpkg --configure -a` (below) or,
+# on a machine that crashed, done again
+APT_OPTS+=(-o Dpkg::Options::=--force-unsafe-io)
 # a stalled mirror or another apt holding the lock (a fresh machine's own upgrade) fails within minutes, not never
 APT_NET=(-o Acquire::Retries=3 -o Acquire::http::Timeout=60 -o Acquire::https::Timeout=60 -o DPkg::Lock::Timeout=300)
 APT_OPTS+=("${APT_NET[@]}")
