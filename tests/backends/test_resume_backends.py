@@ -1,6 +1,10 @@
 """MPI and Horovod keep rank 0's full state (no engine of their own): a run of 2 mpirun processes to step S
 continues as 1 process with --resume-from, matching the uninterrupted 2-process run at every later step.
-DeepSpeed's ZeRO partitions continue at another world size through DeepSpeed's universal checkpoint."""
+DeepSpeed's ZeRO partitions continue at another world size through DeepSpeed's universal checkpoint.
+
+The uninterrupted run saves step S on its way (``--save-at``) and is the checkpoint the others resume from,
+read only (a conversion is written to the resuming run's own folder): a run that stopped at S would save
+the same step of the same arithmetic, at the cost of one more job of every backend's ranks."""
 
 from __future__ import annotations
 
@@ -56,9 +60,8 @@ def steps_of(folder: Path) -> dict[int, dict]:
 
 @pytest.mark.parametrize("backend", ["mpi", "horovod"])
 def test_a_2_process_run_continues_as_1_process_with_the_same_samples_and_losses(tmp_path, backend):
-    straight = run(tmp_path, "straight", backend, 2, "--batch-size", "8")
-    run(tmp_path, "first", backend, 2, "--batch-size", "8", "--stop-at", str(STOP))
-    resumed = run(tmp_path, "resumed", backend, 1, "--batch-size", "8", resume_from=tmp_path / "first" / "checkpoints")
+    straight = run(tmp_path, "straight", backend, 2, "--batch-size", "8", "--save-at", str(STOP))
+    resumed = run(tmp_path, "resumed", backend, 1, "--batch-size", "8", resume_from=tmp_path / "straight" / "checkpoints")
     assert sorted(resumed) == list(range(STOP + 1, STEPS + 1))
     same_as(straight, resumed, 1)
 
@@ -84,16 +87,21 @@ ADAM = ("--batch-size", "8", "--adam")  # the optimizer state DeepSpeed's univer
 
 
 @pytest.fixture(scope="module")
-def adam_straight(tmp_path_factory) -> dict[int, dict]:
-    """The uninterrupted 2-process DeepSpeed run the Adam tests compare with: one for the whole run."""
-    folder = once_per_run(tmp_path_factory, "deepspeed-adam-straight", lambda tmp: run(tmp, "straight", "deepspeed", 2, *ADAM))
-    return steps_of(folder / "straight")
+def adam_straight(tmp_path_factory) -> Path:
+    """The uninterrupted 2-process DeepSpeed run the Adam tests compare with, which saved step S on its way:
+    one for the whole run."""
+    folder = once_per_run(
+        tmp_path_factory,
+        "deepspeed-adam-straight",
+        lambda tmp: run(tmp, "straight", "deepspeed", 2, *ADAM, "--save-at", str(STOP)),
+    )
+    return folder / "straight"
 
 
 def test_deepspeed_zero_partitions_continue_at_another_world_size_and_back(tmp_path, adam_straight):
-    adam, straight = ADAM, adam_straight
-    run(tmp_path, "first", "deepspeed", 2, *adam, "--stop-at", str(STOP))
-    source = tmp_path / "first" / "checkpoints"
+    adam, straight = ADAM, steps_of(adam_straight)
+    source = adam_straight / "checkpoints"
+    assert sorted(p.name for p in source.iterdir()) == [f"step-{STOP:08d}"]
     assert len(list(source.glob("step-*/engine/engine/zero_pp_rank_*_optim_states.pt"))) == 2  # ZeRO-2: partitioned
     render = render_resume(source, 1)
     assert render.returncode == 0, render.stderr
@@ -110,9 +118,8 @@ def test_deepspeed_zero_partitions_continue_at_another_world_size_and_back(tmp_p
 
 
 def test_deepspeed_state_the_converter_does_not_know_keeps_its_world_size(tmp_path):
-    straight = run(tmp_path, "straight", "deepspeed", 2, "--batch-size", "8")
-    run(tmp_path, "first", "deepspeed", 2, "--batch-size", "8", "--stop-at", str(STOP))
-    source = tmp_path / "first" / "checkpoints"
+    straight = run(tmp_path, "straight", "deepspeed", 2, "--batch-size", "8", "--save-at", str(STOP))
+    source = tmp_path / "straight" / "checkpoints"
     resumed = run(tmp_path, "same", "deepspeed", 2, "--batch-size", "8", resume_from=source)
     assert sorted(resumed) == list(range(STOP + 1, STEPS + 1))
     same_as(straight, resumed, 2)
@@ -125,7 +132,7 @@ def test_deepspeed_state_the_converter_does_not_know_keeps_its_world_size(tmp_pa
 
 
 def test_deepspeed_async_saves_commit_the_engine_files_and_resume_as_if_uninterrupted(tmp_path, adam_straight):
-    adam, straight = ADAM, adam_straight
+    adam, straight = ADAM, steps_of(adam_straight)
     background = {"HPC_TRAIN_ASYNC_CHECKPOINT": "1", "HPC_TRAIN_CHECKPOINT_EVERY": "2", "HPC_TRAIN_KEEP_CHECKPOINTS": "3"}
     run(tmp_path, "first", "deepspeed", 2, *adam, "--stop-at", str(STOP), **background)
     source = tmp_path / "first" / "checkpoints"
