@@ -198,7 +198,10 @@ def watch_in_process(tmp_path: Path, how: str, monkeypatch, source: str = NEVER_
     monkeypatch.setattr(watchdog, "PLAIN_START_S", 4.0)  # 30 min in a job
     monkeypatch.setattr(watchdog, "RECHECK_S", 2.0)  # 5 s in a job: the two looks' rule, not its pace, is checked
     monkeypatch.setattr(watchdog, "IDLE_CPU_S", watchdog.IDLE_CPU_S * 2.0 / 5.0)  # the same share of the time
-    deadline = threading.Timer(90, lambda: [r.kill() for r in ranks])  # a watch that never ends fails, not hangs
+    # a watch that never ends fails, not hangs; a bound, not a pace: the "evaluate" test failed once in a make
+    # test-unit loop beside make test (its output not kept), and run again under that load (17 on the two
+    # cores) it took 28-119 s: the 90 s this was is the one bound of this test that such a load crosses
+    deadline = threading.Timer(240, lambda: [r.kill() for r in ranks])
     deadline.start()
     try:
         watchdog.main(["--step-pid", str(ranks[0].pid)])
@@ -244,7 +247,9 @@ def test_a_rank_that_works_before_it_joins_the_rendezvous_is_not_a_hang(tmp_path
     ranks = watch_in_process(tmp_path, "prepare", monkeypatch, BEFORE_GROUP)
     err = capfd.readouterr().err
     assert not (tmp_path / "hangs.jsonl").exists(), err
-    assert "but rank 1 works (" in err and "s of CPU in 2 s): not a hang" in err, err
+    # rank 0 waits in the rendezvous ("but rank 1 works") or, on a machine loaded enough that its first look
+    # came before rank 0 got there, waits in no collective yet ("and rank 1 works"): rank 1's work is the verdict
+    assert "rank 1 works (" in err and "s of CPU in 2 s): not a hang" in err, err
     assert [r.returncode for r in ranks] == [0, 0]  # it joined, and both ran to the end
 
 
