@@ -8,7 +8,7 @@ a timing one. Its wall time is not its cost: under make test's four workers on t
 time counted is the test's wall time scaled by the share of a core it could have had: ``wall * cores / load``
 while the machine's load is above its cores, the wall time itself when it is not. The load is the number of
 runnable tasks, sampled each second while the test ran (the 1-minute load average, read at a test's start and
-end, lags a minute behind: a test of 257 s read 8.4 where its own minutes had more); the cores are those the
+end, lags a minute behind the load a test meets: x67 charged a DeepSpeed test of 257 s with 61 s); the cores are those the
 hypervisor left to the machine (its steal time over the test taken off). A test that takes 70 s alone fails
 alone and under load alike; one that takes 30 s alone passes under a load of four times the cores. The time
 is the test's own set-up, call and tear-down; the first test of a worker to use the cluster is not charged
