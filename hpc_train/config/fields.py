@@ -11,7 +11,7 @@ validator in its cache (``hpc_train.config.validate``) never imports pydantic at
         stage: Annotated[int, Ge(0), Le(3)] = setting(2, "ZeRO stage")
         name: Annotated[str, After(check_name)] = "x"
 
-A JobSpec field is declared once: ``setting(..., group=..., env=...)`` also makes it a flag of
+A JobSpec field is declared once: ``setting(..., cli=Flag(group), env=...)`` also makes it a flag of
 ``submit``/``render`` and a variable the job reads (:class:`Flag`, :func:`to_env`, :func:`from_env`).
 """
 
@@ -49,24 +49,19 @@ def setting(
     doc: str = "",
     *,
     factory: Callable[[], Any] | None = None,
-    group: str | None = None,
-    flag: str | None = None,
-    short: str | None = None,
-    metavar: str | None = None,
-    help: str | None = None,
-    negatable: bool = True,
+    cli: Flag | None = None,
     env: str | None = None,
 ) -> Any:
     """A field with a description (shown by ``backends``, ``site show`` and the docs).
 
-    With ``group``, the field is a flag of ``submit``/``render`` too (:class:`Flag`; ``help`` defaults
-    to ``doc``); its type, choices and action come from the annotation (:func:`value_kind`). With
-    ``env`` (a hpc_train.contract name), the plan exports the field's value under that variable and
-    the job reads it back (:func:`to_env`, :func:`from_env`).
+    With ``cli``, the field is a flag of ``submit``/``render`` too (its ``help`` defaults to ``doc``);
+    its type, choices and action come from the annotation (:func:`value_kind`). With ``env`` (a
+    hpc_train.contract name), the plan exports the field's value under that variable and the job reads
+    it back (:func:`to_env`, :func:`from_env`).
     """
     metadata: dict[str, Any] = {"description": doc} if doc else {}
-    if group is not None:
-        metadata["cli"] = Flag(group, flag, short, metavar, help if help is not None else doc or None, negatable)
+    if cli is not None:
+        metadata["cli"] = cli if cli.help is not None or not doc else dataclasses.replace(cli, help=doc)
     if env is not None:
         metadata["env"] = env
     if factory is not None:

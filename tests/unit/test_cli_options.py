@@ -11,7 +11,7 @@ import pytest
 
 from hpc_train import contract
 from hpc_train.cli.options import add_job_options, job_options
-from hpc_train.config.fields import Ge, field_kinds, from_env, setting, to_env
+from hpc_train.config.fields import Flag, Ge, field_kinds, from_env, setting, to_env
 from hpc_train.config.job import GROUPS, TRAINING, JobSpec
 from hpc_train.config.loader import load_site
 from hpc_train.errors import UsageError
@@ -159,7 +159,7 @@ def test_every_env_field_is_a_contract_variable_and_reads_back_as_it_was(tmp_pat
 @dataclass(frozen=True, kw_only=True)
 class _WithWarmup(JobSpec):
     warmup_steps: Annotated[int, Ge(0)] | None = setting(
-        None, "learning-rate warm-up steps", group=TRAINING, metavar="N", env="HPC_TRAIN_WARMUP_STEPS"
+        None, "learning-rate warm-up steps", cli=Flag(TRAINING, metavar="N"), env="HPC_TRAIN_WARMUP_STEPS"
     )
 
 
