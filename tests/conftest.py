@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import gc
 import os
 import random
 import shutil
@@ -93,6 +94,13 @@ def _order(item: pytest.Item) -> tuple[int, int]:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=_order)  # stable: within a group, the collection's order
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collection imported (torch, the tests' modules) lives as long as the worker: frozen, no later
+    collection walks it. A worker's full collections otherwise walked torch's millions of objects each time
+    the tests' garbage added up to one."""
+    gc.freeze()
 
 
 @pytest.fixture

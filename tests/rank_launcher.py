@@ -17,6 +17,7 @@ by a thread that the child lacks; it does no torch arithmetic (OpenMP's pool wou
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
@@ -93,6 +94,10 @@ def serve() -> None:
     import torch.distributed
     import torch.nn.parallel  # noqa: F401
 
+    # What the server imported lives as long as any rank: frozen, it is no rank's collector's to walk, nor (by
+    # writing the objects' headers) to copy out of the pages the fork shares (a forked rank's CPU, measured on
+    # a tiny 4-step job: 1.03 s -> 0.47 s). Python's own advice for a server that forks (gc.freeze)
+    gc.freeze()
     _reply({"ready": os.getpid()})
     pending = b""
     while True:
