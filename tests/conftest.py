@@ -96,11 +96,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=_order)  # stable: within a group, the collection's order
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """What collection imported (torch, the tests' modules) lives as long as the worker: frozen, no later
-    collection walks it. A worker's full collections otherwise walked torch's millions of objects each time
-    the tests' garbage added up to one."""
-    gc.freeze()
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session: pytest.Session):
+    """Collection imports torch and the tests' modules, which live as long as the worker: they are made with the
+    collector paused, as a job's Python imports torch (runtime/boot/hpc_train_gc.py), then frozen, so no
+    collection in the tests walks them (a worker's full collections otherwise walked torch's objects each time
+    the tests' garbage added up to one)."""
+    gc.disable()
+    try:
+        return (yield)
+    finally:
+        gc.collect()
+        gc.freeze()
+        gc.enable()
 
 
 @pytest.fixture
