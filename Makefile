@@ -135,6 +135,7 @@ cluster-status:
 
 bench: install
 	$(PY) bench/cli_latency.py
+	$(PY) bench/rank_start.py
 	$(PY) bench/runtime_overhead.py
 	$(PY) bench/runtime_overhead.py --hidden 1024
 	$(PY) bench/runtime_overhead.py --procs 1

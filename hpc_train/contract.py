@@ -88,6 +88,10 @@ ENV_HEARTBEATS = "HPC_TRAIN_HEARTBEATS"  # set when a watchdog runs: the folder 
 ENV_WATCHED_PID = "HPC_TRAIN_WATCHED_PID"
 ENV_EXCLUDE_SUSPECTS = "HPC_TRAIN_EXCLUDE_SUSPECTS"  # "1": a requeue after a hang or crash avoids its node: plan
 
+# every Python of the job (runtime/boot): "0" leaves Python's collector running while torch imports, and
+# freezes nothing (runtime/boot/hpc_train_gc): the user or site env
+ENV_FREEZE_TORCH = "HPC_TRAIN_FREEZE_TORCH"
+
 # sweeps: each task's overrides, set by the array's case lines (hpc_train.sweeps.scripts)
 ENV_SWEEP_PREFIX = "HPC_TRAIN_SWEEP_"  # + an override's name in upper case: HPC_TRAIN_SWEEP_LR
 ENV_SWEEP_OVERRIDES = "HPC_TRAIN_SWEEP_OVERRIDES"  # JSON: all of the task's overrides

@@ -15,7 +15,9 @@ joined ("rank 1 ...rank 0 ...", then two empty lines). Here a rank's stdout and 
 promptness but write each line whole: line buffering, not write-through.
 
 First, under ``--profile nsys``, the python of a chosen rank's script replaces itself by nsys running
-it (hpc_train_nsys.py beside this file): the one place every backend's ranks pass through.
+it (hpc_train_nsys.py beside this file): the one place every backend's ranks pass through. Then torch, when
+it is imported, imports with the garbage collector paused and is frozen after (hpc_train_gc.py): a third of
+a rank's start-up was the collector walking torch's objects while they were being made.
 """
 
 import atexit
@@ -87,6 +89,17 @@ def _profile_with_nsys(contract: types.ModuleType) -> None:
     hpc_train_nsys.main()
 
 
+def _pause_gc_for_torch(contract: types.ModuleType) -> None:
+    """torch's import with the collector paused, then frozen (hpc_train_gc.py beside this file)."""
+    if os.environ.get(contract.ENV_FREEZE_TORCH) == "0":
+        return
+    try:
+        import hpc_train_gc  # beside this file
+    except ImportError:  # a python of the job's without hpc_train (a tool's)
+        return
+    hpc_train_gc.install()
+
+
 def _watch_plain_scripts(contract: types.ModuleType) -> None:
     """A plain script's optimizer steps become its rank's heartbeat, where the watchdog runs (hpc_train_watch)."""
     if not os.environ.get(contract.ENV_HEARTBEATS) or not os.environ.get("RANK", "").isdigit():
@@ -132,5 +145,8 @@ _CONTRACT = _contract()
 if _CONTRACT is not None:
     _profile_with_nsys(_CONTRACT)
     _watch_plain_scripts(_CONTRACT)
+    # last, so first on sys.meta_path: it pauses the collector around the watch's own hook on torch too; and
+    # before the next sitecustomize, which may import torch
+    _pause_gc_for_torch(_CONTRACT)
 atexit.register(_drain)
 _chain()
