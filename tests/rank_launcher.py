@@ -89,6 +89,7 @@ def _reap() -> None:
 
 def serve() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    gc.disable()  # while torch imports, as in a job's Python (runtime/boot/hpc_train_gc.py)
     import torch
     import torch._dynamo
     import torch.distributed
@@ -97,7 +98,9 @@ def serve() -> None:
     # What the server imported lives as long as any rank: frozen, it is no rank's collector's to walk, nor (by
     # writing the objects' headers) to copy out of the pages the fork shares (a forked rank's CPU, measured on
     # a tiny 4-step job: 1.03 s -> 0.47 s). Python's own advice for a server that forks (gc.freeze)
+    gc.collect()
     gc.freeze()
+    gc.enable()
     _reply({"ready": os.getpid()})
     pending = b""
     while True:
