@@ -32,9 +32,11 @@ class _PausedImport:
         if name not in PAUSED_FOR:
             return None
         spec = next((s for s in (_ask(f, name, path, target) for f in sys.meta_path if f is not self) if s), None)
-        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            # an attribute of this one loader object (FileFinder makes one per module), not of its class
-            spec.loader.exec_module = _paused(spec.loader.exec_module, self)  # type: ignore[method-assign,assignment]
+        loader = spec.loader if spec is not None else None
+        if loader is not None and not isinstance(loader, type) and hasattr(loader, "exec_module"):
+            # an attribute of this one loader object (FileFinder makes one per module), never of a class (a
+            # builtin or frozen module's loader is its class: patching it would pause every such import)
+            loader.exec_module = _paused(loader.exec_module, self)  # type: ignore[method-assign,assignment]
         return spec
 
 
