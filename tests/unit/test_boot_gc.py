@@ -13,13 +13,14 @@ import sys
 from hpc_train import contract
 from hpc_train.runtime.boot import FOLDER
 
-# counts the collections that start while `import torch` runs, then reads the collector's state after it, and
-# after the first optimizer (which imports torch._dynamo)
+# counts the collections that start while torch's module runs (it is in sys.modules from then on: a young
+# collection while its spec is found, before, depends on the environment's size), then reads the collector's
+# state after it, and after the first optimizer (which imports torch._dynamo)
 PROBE = """\
 import gc, json, sys
 started = []
 def seen(phase, info):
-    if phase == "start":
+    if phase == "start" and "torch" in sys.modules:
         started.append(info["generation"])
 gc.callbacks.append(seen)
 {before}
