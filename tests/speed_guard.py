@@ -72,6 +72,7 @@ class _Load:
     def __init__(self) -> None:
         self.samples: deque[tuple[float, int]] = deque(maxlen=6 * 3600)
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # the sampler appends while a test's end reads
 
     def start(self) -> None:
         if self._thread is None and _read("/proc/loadavg"):
@@ -80,11 +81,16 @@ class _Load:
 
     def _sample(self) -> None:
         while True:
-            self.samples.append((time.monotonic(), runnable(_read("/proc/loadavg"))))
+            self.add(time.monotonic(), runnable(_read("/proc/loadavg")))
             time.sleep(1.0)
 
+    def add(self, at: float, tasks: int) -> None:
+        with self._lock:
+            self.samples.append((at, tasks))
+
     def mean(self, since: float) -> float:
-        seen = [n for t, n in self.samples if t >= since]
+        with self._lock:
+            seen = [n for t, n in self.samples if t >= since]
         return sum(seen) / len(seen) if seen else 0.0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -57,3 +58,24 @@ def test_the_sampler_reads_this_machine_s_load():
     while not load.samples and time.monotonic() < deadline:
         time.sleep(0.05)
     assert load.samples and load.samples[0][1] >= 0
+
+
+def test_the_mean_is_read_while_the_sampler_appends():
+    """The sampler thread appends while a test's end reads the mean: make test-unit beside x77 died of
+    'deque mutated during iteration' (an INTERNALERROR of its worker)."""
+    load = speed_guard._Load()
+    done = threading.Event()
+
+    def append() -> None:
+        while not done.is_set():
+            load.add(time.monotonic(), 3)
+
+    writer = threading.Thread(target=append)
+    writer.start()
+    try:
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            assert load.mean(0.0) == 3.0 or not load.samples
+    finally:
+        done.set()
+        writer.join()
