@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import fcntl
-import gc
 import os
 import random
 import shutil
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from hpc_train.runtime.boot.hpc_train_gc import paused
 from hpc_train.runtime.launch.environment import DistEnv
 
 REPO = Path(__file__).resolve().parent.parent
@@ -102,13 +102,8 @@ def pytest_collection(session: pytest.Session):
     collector paused, as a job's Python imports torch (runtime/boot/hpc_train_gc.py), then frozen, so no
     collection in the tests walks them (a worker's full collections otherwise walked torch's objects each time
     the tests' garbage added up to one)."""
-    gc.disable()
-    try:
+    with paused():
         return (yield)
-    finally:
-        gc.collect()
-        gc.freeze()
-        gc.enable()
 
 
 @pytest.fixture

@@ -14,9 +14,10 @@ does not copy its pages by touching it. Any other module imports as it always di
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any
@@ -45,17 +46,28 @@ def _ask(finder: Any, name: str, path: Any, target: ModuleType | None) -> Module
     return find(name, path, target) if find is not None else None
 
 
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """The collector paused for the block, then one collection and a freeze of what is left (what the block made
+    that lives on). Inside another pause, or where the script paused the collector itself, it stays paused: the
+    outer one ends it (or the script does)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.collect()
+            gc.freeze()
+            gc.enable()
+
+
 def _paused(exec_module: Callable[[ModuleType], None], finder: _PausedImport) -> Callable[[ModuleType], None]:
     def run(module: ModuleType) -> None:
-        was_enabled = gc.isenabled()
-        gc.disable()
         try:
-            exec_module(module)
+            with paused():
+                exec_module(module)
         finally:
-            if was_enabled:  # else inside another paused import, which ends it (or the script paused it: its to end)
-                gc.collect()
-                gc.freeze()
-                gc.enable()
             if sys.modules.keys() >= PAUSED_FOR and finder in sys.meta_path:
                 sys.meta_path.remove(finder)  # nothing left to pause for: later imports do not ask it
 
