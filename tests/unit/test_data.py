@@ -83,30 +83,34 @@ def seconds(intervals):
     return sum(end - start for start, end in intervals)
 
 
-def judge(my_samples: int, others: tuple[tuple[float, float], ...], step_s: float = 0.010) -> tuple[list, list]:
+def judge(my_samples: int, others: tuple[tuple[float, float], ...], step_s: float = 0.010) -> tuple[list, list, float]:
     gather, gather_numbers = peers(*others)
     monitor = StragglerMonitor(
         Settings(0.2, 2), rank=0, world_size=1 + len(others), gather=gather, gather_numbers=gather_numbers,
         seconds=seconds, samples=True,
     )  # fmt: skip
-    records = []
+    records, gathers_s = [], [0.0]
     for step in range(1, 2 * NAMED_AFTER + 1):
         records.append(monitor.on_step(step, step_s, [], my_samples))
-    return [r for r in records if r is not None], monitor.named
+        if step % 2 == 0:
+            gathers_s.append(monitor._gather_s)  # real time, a millisecond on a loaded machine: not the next window's
+    last_wall_s = step_s - gathers_s[-2] / 2  # the last window's wall per step, less the gather before it
+    return [r for r in records if r is not None], monitor.named, last_wall_s
 
 
 def test_a_rank_with_more_data_is_imbalance_not_a_straggler(capsys):
     # rank 2 reads three times the samples and takes three times as long: per sample it is as fast
-    windows, named = judge(8, ((0.010, 8), (0.030, 24)))
+    windows, named, wall_s = judge(8, ((0.010, 8), (0.030, 24)))
     assert named == []
     assert windows[-1]["samples"] == [8, 8, 24] and windows[-1]["imbalance"] == 2.0
-    assert windows[-1]["samples_per_s"] == pytest.approx([800.0, 800.0, 2400.0], rel=1e-3)  # one wall time per step
+    assert windows[-1]["samples_per_s"] == pytest.approx([8 / wall_s, 8 / wall_s, 24 / wall_s], rel=1e-4)  # one wall per step
+    assert 800.0 <= windows[-1]["samples_per_s"][0] < 900.0  # 8 samples in a 10 ms step, less the gather before
     err = capsys.readouterr().err
     assert err.count("data: rank 2 trains on 24 samples per step, the median rank on 8") == 1
 
 
 def test_a_rank_slow_per_sample_is_still_named():
-    windows, named = judge(8, ((0.010, 8), (0.030, 8)))
+    windows, named, _ = judge(8, ((0.010, 8), (0.030, 8)))
     assert [n["rank"] for n in named] == [2] and "imbalance" not in windows[-1]
 
 
