@@ -67,7 +67,8 @@ def test_a_blocked_run_is_declared_hung_with_stacks_and_ended(tmp_path):
     ranks[1].kill()
     [hang] = [json.loads(line) for line in (tmp_path / "hangs.jsonl").read_text().splitlines()]
     assert ranks[0].returncode == -9 and out.returncode == 0, out.stderr
-    assert 3 <= hang["quiet_s"] <= 3 + 3 and took < 3 + 15, (hang, took)  # + heartbeat period, + stack wait
+    # the verdict came at the first poll past the limit (a bound on quiet_s itself is the load's, not ours)
+    assert hang["quiet_s"] >= 3 and (hang["quiet_at_last_poll_s"] or 0) <= 3 and took < 3 + 15, (hang, took)
     for rank in (0, 1):  # both ranks answered from their heartbeat thread while the main thread slept
         assert "in <module>" in (Path(hang["dumps"]) / f"rank-{rank}.txt").read_text()
     assert "hang in run 1: no rank active" in out.stderr
