@@ -38,7 +38,8 @@ def _failing() -> bool:
 def core_seconds(wall_s: float, load: float, cores: int) -> float:
     """A test's wall time as the time it would have taken with a core to itself: the machine's load, above its
     cores, shared each core among that many runnable tasks."""
-    return wall_s * cores / max(load, cores)
+    share = max(load, cores)
+    return wall_s * cores / share if share > 0 else wall_s
 
 
 def _cores() -> int:
@@ -51,11 +52,17 @@ def runnable(loadavg: str) -> int:
     return max(int(loadavg.split()[3].split("/")[0]) - 1, 0)
 
 
+# /proc/stat counts in ticks of 10 ms per core: over a few ticks the steal's share is noise (a test of
+# milliseconds read 3 of 3 ticks stolen, no cores left, and the guard divided by zero)
+MIN_TICKS = 100
+
+
 def stolen(stat_before: str, stat_after: str) -> float:
-    """The share of the machine's time the hypervisor took between two reads of /proc/stat's first line."""
+    """The share of the machine's time the hypervisor took between two reads of /proc/stat's first line
+    (none when too few ticks passed to tell)."""
     before, after = ([int(n) for n in line.split()[1:9]] for line in (stat_before, stat_after))
     total = sum(after) - sum(before)
-    return (after[7] - before[7]) / total if total > 0 else 0.0
+    return (after[7] - before[7]) / total if total >= MIN_TICKS else 0.0
 
 
 def _read(path: str) -> str:

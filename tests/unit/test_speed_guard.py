@@ -41,6 +41,9 @@ def test_the_hypervisor_s_steal_is_taken_off_the_cores():
     after = "cpu  1250 0 250 600 10 0 5 200 0 0"  # 100 of the 500 ticks in between stolen
     assert speed_guard.stolen(before, after) == pytest.approx(0.2)
     assert speed_guard.stolen(before, before) == 0.0
+    # a test of milliseconds: 3 ticks, all stolen, is noise, not a machine without cores
+    assert speed_guard.stolen(before, "cpu  1000 0 200 500 10 0 5 103 0 0") == 0.0
+    assert speed_guard.core_seconds(0.004, 0.0, 0.0) == 0.004  # and no share at all divides nothing
 
 
 def test_a_test_s_load_is_the_mean_of_the_samples_taken_while_it_ran():
